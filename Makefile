@@ -1,0 +1,59 @@
+# transformer_mt — the front door. `make help` lists every target.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+# Run folder for eval / translate (train writes runs/<data>_<model> unless run_dir=... is given).
+RUN ?= runs/wmt14_en_de_base
+ARGS ?=
+
+# A CPU-only machine gets the CPU wheel (no multi-GB CUDA download); a GPU machine gets PyPI's
+# default Linux build, which is the CUDA one.
+HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(HAS_GPU),yes)
+TORCH_INDEX :=
+else
+TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
+endif
+
+.PHONY: help install demo train eval translate test bench lint clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv with torch (CPU or CUDA build) and the package
+
+demo: $(STAMP) ## train on the embedded toy corpus, then print test BLEU (minutes on a laptop CPU)
+	$(BIN)/tmt-train --config-name demo $(ARGS)
+	$(BIN)/tmt-eval run_dir=runs/demo
+
+train: $(STAMP) ## train (default: WMT14 en-de, the paper's base model); ARGS="model=big ..."
+	$(BIN)/tmt-train $(ARGS)
+
+eval: $(STAMP) ## translate the test split of RUN with beam search and score it with sacreBLEU
+	$(BIN)/tmt-eval run_dir=$(RUN) $(ARGS)
+
+translate: $(STAMP) ## translate lines from stdin to stdout with the model in RUN
+	$(BIN)/tmt-translate run_dir=$(RUN) $(ARGS)
+
+test: $(STAMP) ## run the test suite
+	$(BIN)/pytest -q $(ARGS)
+
+bench: $(STAMP) ## training throughput of our model (target tokens/s, GFLOP/s, peak memory)
+	$(BIN)/python scripts/bench_train.py $(ARGS)
+
+lint: $(STAMP) ## ruff
+	$(BIN)/ruff check transformer_mt tests scripts
+	$(BIN)/ruff format --check transformer_mt tests scripts
+
+clean: ## remove the virtual environment and caches (keeps runs/)
+	rm -rf $(VENV) .pytest_cache .ruff_cache

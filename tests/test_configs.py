@@ -1,0 +1,84 @@
+"""Every preset composes into typed dataclasses; bad keys and values fail with the key's name."""
+
+import pytest
+from hydra.errors import ConfigCompositionException
+
+from transformer_mt.config import (
+    CONFIG_DIR,
+    EvalJob,
+    TrainJob,
+    TranslateJob,
+    compose_job,
+    validate_train,
+)
+from transformer_mt.errors import ConfigError
+
+GROUPS = ["data", "model", "optim", "trainer", "decode"]
+
+
+def presets(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,preset", [(g, p) for g in GROUPS for p in presets(g)])
+def test_every_preset_composes(group, preset):
+    overrides = [f"{group}={preset}", "run_dir=/tmp/x"]
+    if preset == "files":
+        overrides.append("data.dir=/tmp/corpus")
+    job = compose_job("train", overrides)
+    assert isinstance(job, TrainJob)
+    validate_train(job)
+
+
+@pytest.mark.parametrize(
+    "name,schema",
+    [("train", TrainJob), ("demo", TrainJob), ("eval", EvalJob), ("translate", TranslateJob)],
+)
+def test_top_level_configs_compose(name, schema):
+    assert isinstance(compose_job(name, ["run_dir=/tmp/x"]), schema)
+
+
+def test_paper_defaults():
+    job = compose_job("train", [])
+    assert (job.model.d_model, job.model.n_heads, job.model.d_ff, job.model.n_encoder_layers) == (
+        512,
+        8,
+        2048,
+        6,
+    )
+    assert job.model.dropout == 0.1 and not job.model.norm_first
+    assert (
+        job.optim.betas == [0.9, 0.98] and job.optim.eps == 1e-9 and job.optim.warmup_steps == 4000
+    )
+    assert job.optim.label_smoothing == 0.1
+    assert (job.decode.beam_size, job.decode.length_penalty, job.decode.max_len_b) == (4, 0.6, 50)
+    assert job.data.vocab_size == 37000
+    big = compose_job("train", ["model=big"]).model
+    assert (big.d_model, big.n_heads, big.d_ff, big.dropout) == (1024, 16, 4096, 0.3)
+
+
+def test_unknown_key_is_named():
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_job("train", ["model.d_modle=7"])
+    assert "d_modle" in str(error.value) + str(error.value.__cause__)
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_job("train", ["model.d_model=wide"])
+    assert "d_model" in str(error.value) + str(error.value.__cause__)
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("model.n_heads=7", "model.d_model"),
+        ("trainer.batch_tokens=0", "trainer.batch_tokens"),
+        ("model.dropout=1.5", "model.dropout"),
+        ("optim.warmup_steps=0", "optim.warmup_steps"),
+    ],
+)
+def test_impossible_values_name_the_key(override, key):
+    job = compose_job("train", [override])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate_train(job)

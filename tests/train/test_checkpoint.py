@@ -1,0 +1,69 @@
+"""Checkpoints are written atomically and refused clearly when missing, truncated or foreign."""
+
+import pickle
+
+import pytest
+import torch
+
+from transformer_mt.errors import CheckpointError
+from transformer_mt.train.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
+
+STATE = {"model": {"w": torch.ones(3)}, "model_config": {"d_model": 8}, "vocab_size": 10, "step": 7}
+
+
+def test_round_trip(tmp_path):
+    save_checkpoint(STATE, tmp_path / "c.pt")
+    loaded = load_checkpoint(tmp_path / "c.pt")
+    assert loaded["step"] == 7 and torch.equal(loaded["model"]["w"], torch.ones(3))
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]  # no temporary file left behind
+
+
+def test_missing(tmp_path):
+    with pytest.raises(CheckpointError, match="nothing.pt: checkpoint not found"):
+        load_checkpoint(tmp_path / "nothing.pt")
+
+
+def test_truncated(tmp_path):
+    save_checkpoint(STATE, tmp_path / "c.pt")
+    data = (tmp_path / "c.pt").read_bytes()
+    (tmp_path / "c.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_checkpoint(tmp_path / "c.pt")
+
+
+def test_foreign_torch_file(tmp_path):
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a transformer_mt checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+
+
+class Arbitrary:
+    def __reduce__(self):
+        return (print, ("this must never run",))
+
+
+def test_arbitrary_pickle_is_refused_not_executed(tmp_path, capsys):
+    (tmp_path / "evil.pt").write_bytes(pickle.dumps(Arbitrary()))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(tmp_path / "evil.pt")
+    assert "this must never run" not in capsys.readouterr().out
+
+
+def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):
+    save_checkpoint(STATE, tmp_path / "c.pt")
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    with pytest.raises(OSError):
+        save_checkpoint({**STATE, "step": 8}, tmp_path / "c.pt")
+    assert load_checkpoint(tmp_path / "c.pt")["step"] == 7
+    assert [p.name for p in tmp_path.iterdir()] == ["c.pt"]
+
+
+def test_prune_keeps_newest(tmp_path):
+    for step in (5, 10, 15, 20):
+        (tmp_path / f"step_{step}.pt").write_bytes(b"x")
+    prune_step_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_15.pt", "step_20.pt"]

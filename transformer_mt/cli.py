@@ -1,0 +1,102 @@
+"""Command-line entry points; the only module with @hydra.main.
+
+Each command composes its config from configs/, turns it into typed dataclasses and calls one
+plain function. User mistakes (TransformerMTError) become one clear line and exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from transformer_mt.config import CONFIG_DIR, EvalJob, TrainJob, TranslateJob, register_configs
+from transformer_mt.errors import TransformerMTError
+
+log = logging.getLogger("transformer_mt")
+CONFIG_PATH = str(CONFIG_DIR)
+register_configs()
+
+
+def run_reporting_errors(task: Callable[[], None]) -> None:
+    try:
+        with logging_redirect_tqdm():
+            task()
+    except TransformerMTError as error:
+        log.error("%s", error)
+        sys.exit(2)
+
+
+def to_job(cfg: DictConfig, schema: type):
+    job = OmegaConf.to_object(cfg)
+    assert isinstance(job, schema), f"config did not compose to {schema.__name__}"
+    return job
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
+def train_main(cfg: DictConfig) -> None:
+    """tmt-train: prepare the data, train, checkpoint into run_dir."""
+    from transformer_mt.train.trainer import train
+
+    def task() -> None:
+        started = time.perf_counter()
+        checkpoint = train(to_job(cfg, TrainJob))
+        log.info(
+            "training finished in %.1f min wall time; checkpoint %s",
+            (time.perf_counter() - started) / 60,
+            checkpoint,
+        )
+
+    run_reporting_errors(task)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
+def evaluate_main(cfg: DictConfig) -> None:
+    """tmt-eval: translate a split with beam search and score it with sacreBLEU."""
+    from transformer_mt.evaluate import evaluate
+
+    def task() -> None:
+        scores = evaluate(to_job(cfg, EvalJob))
+        print(
+            f"{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  "
+            f"({scores['sentences']} sentences, decoded in {scores['decode_seconds']:.1f} s)"
+        )
+        print(f"  {scores['bleu_detail']}")
+        print(f"  sacreBLEU signature: {scores['bleu_signature']}")
+        print(f"  chrF signature: {scores['chrf_signature']}")
+
+    run_reporting_errors(task)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="translate")
+def translate_main(cfg: DictConfig) -> None:
+    """tmt-translate: lines on stdin, translations on stdout (flushed after each batch of lines)."""
+    from transformer_mt.decode.translator import Translator
+
+    def task() -> None:
+        job = to_job(cfg, TranslateJob)
+        translator = Translator.from_run(
+            job.run_dir, job.checkpoint, decode=job.decode, device=job.device
+        )
+        lines = read_stdin_lines()
+        for start in range(0, len(lines), 256):
+            for translation in translator.translate(lines[start : start + 256]):
+                sys.stdout.write(translation + "\n")
+            sys.stdout.flush()
+
+    run_reporting_errors(task)
+
+
+def read_stdin_lines() -> list[str]:
+    data = sys.stdin.buffer.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise TransformerMTError(f"<stdin>:{line}: not valid UTF-8") from None
+    return text.splitlines()

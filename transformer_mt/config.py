@@ -1,0 +1,312 @@
+"""Typed configuration for every stage, registered with Hydra's ConfigStore.
+
+Each YAML preset in ``configs/`` names its schema in its defaults list, so a misspelled key or a
+value of the wrong type fails when the config is composed, before any work starts. ``validate``
+then checks what types cannot (positive sizes, ``d_model % n_heads``) and names the key at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
+
+from transformer_mt.errors import ConfigError
+
+
+class SourceKind(str, Enum):
+    toy = "toy"
+    files = "files"
+    hf = "hf"
+
+
+class Strategy(str, Enum):
+    beam = "beam"
+    greedy = "greedy"
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Where the parallel text comes from and how it is tokenized."""
+
+    name: str = "toy"
+    """Short name used in the default run folder name."""
+    source: SourceKind = SourceKind.toy
+    """toy: the embedded generated corpus; files: local text files; hf: a Hugging Face dataset."""
+    src_lang: str = "en"
+    """Source language code (file suffix, key of the HF `translation` column)."""
+    tgt_lang: str = "de"
+    """Target language code."""
+    dir: str | None = None
+    """files: folder holding `{split}.{lang}` files, one sentence per line."""
+    train_split: str = "train"
+    """Name of the training split (file prefix or HF split)."""
+    valid_split: str = "valid"
+    """Name of the validation split."""
+    test_split: str = "test"
+    """Name of the test split scored by `make eval`."""
+    hf_path: str = "wmt/wmt14"
+    """hf: dataset id on the Hugging Face hub, or a local folder written by `save_to_disk`."""
+    hf_config: str | None = "de-en"
+    """hf: dataset configuration (language pair), e.g. de-en or fr-en."""
+    toy_seed: int = 1
+    """toy: seed of the generated corpus."""
+    toy_sizes: list[int] = field(default_factory=lambda: [30000, 500, 500])
+    """toy: number of train, valid and test pairs."""
+    vocab_size: int = 8000
+    """Size of the shared SentencePiece vocabulary."""
+    spm_sample_sentences: int = 2_000_000
+    """SentencePiece is trained on at most this many randomly sampled sentences."""
+    max_tokens_per_sentence: int = 250
+    """Training pairs with more pieces than this on either side are dropped."""
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """The encoder-decoder's shape (paper names)."""
+
+    name: str = "base"
+    """Preset name, used in the default run folder name."""
+    d_model: int = 512
+    """Width of every residual stream and embedding."""
+    n_heads: int = 8
+    """Attention heads; d_model must be divisible by it."""
+    d_ff: int = 2048
+    """Inner width of the position-wise feed-forward layers."""
+    n_encoder_layers: int = 6
+    """Encoder depth."""
+    n_decoder_layers: int = 6
+    """Decoder depth."""
+    dropout: float = 0.1
+    """Residual and embedding dropout (P_drop in the paper)."""
+    attention_dropout: float = 0.0
+    """Dropout on attention weights (the paper uses none)."""
+    norm_first: bool = False
+    """False: the paper's post-LayerNorm blocks; True: pre-LayerNorm."""
+    max_positions: int = 1024
+    """Longest sequence, in pieces, the sinusoidal table covers."""
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    """Adam with the paper's inverse-square-root warm-up schedule."""
+
+    lr_scale: float = 1.0
+    """Multiplies the paper's learning rate d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)."""
+    warmup_steps: int = 4000
+    """Linear warm-up length in updates."""
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    """Adam beta1, beta2."""
+    eps: float = 1e-9
+    """Adam epsilon."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW); the paper uses none."""
+    clip_norm: float = 0.0
+    """Clip the gradient's global L2 norm to this value; 0 disables clipping."""
+    label_smoothing: float = 0.1
+    """epsilon_ls, spread uniformly over the whole vocabulary."""
+
+
+@dataclass(kw_only=True)
+class TrainerConfig:
+    """The training loop: batching, stopping, logging, checkpoints."""
+
+    batch_tokens: int = 25000
+    """Token budget of one micro-batch (source or target side, padding included)."""
+    accumulate: int = 1
+    """Micro-batches summed into one update."""
+    max_steps: int = 100_000
+    """Stop after this many updates (0: no limit)."""
+    max_epochs: int = 0
+    """Stop after this many passes over the training data (0: no limit)."""
+    max_time_minutes: float = 0.0
+    """Stop after this much training wall time (0: no limit)."""
+    seed: int = 1
+    """Seed of parameter init, dropout and batch order."""
+    device: str = "auto"
+    """auto (cuda when available, else cpu), cpu, cuda, cuda:N."""
+    precision: str = "auto"
+    """auto (bf16 autocast on GPU, fp32 on CPU), fp32 or bf16."""
+    num_threads: int = 0
+    """CPU threads for torch (0: torch's default)."""
+    log_every: int = 50
+    """Updates between TensorBoard scalars / progress-bar refreshes."""
+    valid_every: int = 1000
+    """Updates between validation-loss evaluations (0: only at the end)."""
+    checkpoint_every: int = 1000
+    """Updates between checkpoints (one is always written at the end)."""
+    keep_checkpoints: int = 5
+    """How many step checkpoints to keep besides last.pt."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar."""
+
+
+@dataclass(kw_only=True)
+class DecodeConfig:
+    """Search settings used by eval and translate."""
+
+    strategy: Strategy = Strategy.beam
+    """beam or greedy."""
+    beam_size: int = 4
+    """Hypotheses kept per sentence."""
+    length_penalty: float = 0.6
+    """GNMT alpha: scores are divided by ((5 + length) / 6) ** alpha."""
+    max_len_a: float = 1.0
+    """Maximum output length = max_len_a * source length + max_len_b (in pieces)."""
+    max_len_b: int = 50
+    """See max_len_a."""
+    batch_tokens: int = 4000
+    """Source tokens per decoding batch."""
+
+
+@dataclass(kw_only=True)
+class TrainJob:
+    """`tmt-train`: everything one training run needs."""
+
+    run_dir: str
+    """Folder that receives config, tokenizer, checkpoints, logs and scores."""
+    data: DataConfig
+    model: ModelConfig
+    optim: OptimConfig
+    trainer: TrainerConfig
+    decode: DecodeConfig
+
+
+@dataclass(kw_only=True)
+class EvalJob:
+    """`tmt-eval`: translate a split of the run's data and score it."""
+
+    run_dir: str
+    """Run folder written by `tmt-train`."""
+    checkpoint: str = "last.pt"
+    """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    split: str = "test"
+    """test, valid, or train: which split of the run's data to translate."""
+    device: str = "auto"
+    """auto, cpu, cuda."""
+    decode: DecodeConfig
+
+
+@dataclass(kw_only=True)
+class TranslateJob:
+    """`tmt-translate`: stdin to stdout."""
+
+    run_dir: str
+    """Run folder written by `tmt-train`."""
+    checkpoint: str = "last.pt"
+    """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    device: str = "auto"
+    """auto, cpu, cuda."""
+    decode: DecodeConfig
+
+
+def register_configs() -> None:
+    """Register the schemas that the YAML files in configs/ extend."""
+    store = ConfigStore.instance()
+    store.store(name="train_schema", node=TrainJob)
+    store.store(name="eval_schema", node=EvalJob)
+    store.store(name="translate_schema", node=TranslateJob)
+    store.store(group="data", name="data_schema", node=DataConfig)
+    store.store(group="model", name="model_schema", node=ModelConfig)
+    store.store(group="optim", name="optim_schema", node=OptimConfig)
+    store.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+    store.store(group="decode", name="decode_schema", node=DecodeConfig)
+
+
+# configs/ lives beside the package in the repository (the package is installed editable).
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+def compose_job(config_name: str, overrides: list[str] | None = None):
+    """The typed job (TrainJob, EvalJob, ...) that the command `config_name` composes for these
+    command-line style overrides; for tests, scripts and notebooks (the CLI uses @hydra.main)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        cfg = compose(config_name=config_name, overrides=list(overrides or []))
+    return OmegaConf.to_object(cfg)
+
+
+def _require(condition: bool, key: str, message: str) -> None:
+    if not condition:
+        raise ConfigError(f"config key '{key}': {message}")
+
+
+def validate_model(cfg: ModelConfig, key: str = "model") -> None:
+    for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers"):
+        value = getattr(cfg, name)
+        _require(value > 0, f"{key}.{name}", f"must be positive, got {value}")
+    _require(
+        cfg.d_model % cfg.n_heads == 0,
+        f"{key}.d_model",
+        f"{cfg.d_model} is not divisible by {key}.n_heads={cfg.n_heads}",
+    )
+    for name in ("dropout", "attention_dropout"):
+        value = getattr(cfg, name)
+        _require(0.0 <= value < 1.0, f"{key}.{name}", f"must be in [0, 1), got {value}")
+
+
+def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
+    _require(cfg.beam_size >= 1, f"{key}.beam_size", f"must be >= 1, got {cfg.beam_size}")
+    _require(
+        cfg.batch_tokens > 0, f"{key}.batch_tokens", f"must be positive, got {cfg.batch_tokens}"
+    )
+    _require(cfg.max_len_b >= 1, f"{key}.max_len_b", f"must be >= 1, got {cfg.max_len_b}")
+
+
+def validate_train(cfg: TrainJob) -> None:
+    """Check what the schema's types cannot; raise ConfigError naming the key."""
+    validate_model(cfg.model)
+    validate_decode(cfg.decode)
+    data, optim, trainer = cfg.data, cfg.optim, cfg.trainer
+    _require(data.vocab_size >= 16, "data.vocab_size", f"must be >= 16, got {data.vocab_size}")
+    if data.source == SourceKind.files:
+        _require(data.dir is not None, "data.dir", "is required when data.source=files")
+    if data.source == SourceKind.toy:
+        _require(
+            len(data.toy_sizes) == 3 and min(data.toy_sizes) > 0,
+            "data.toy_sizes",
+            f"must be three positive sizes [train, valid, test], got {data.toy_sizes}",
+        )
+    _require(
+        optim.warmup_steps > 0, "optim.warmup_steps", f"must be positive, got {optim.warmup_steps}"
+    )
+    _require(
+        0.0 <= optim.label_smoothing < 1.0,
+        "optim.label_smoothing",
+        f"must be in [0, 1), got {optim.label_smoothing}",
+    )
+    _require(len(optim.betas) == 2, "optim.betas", f"must hold two values, got {optim.betas}")
+    _require(
+        trainer.batch_tokens > 0,
+        "trainer.batch_tokens",
+        f"must be positive, got {trainer.batch_tokens}",
+    )
+    _require(
+        trainer.accumulate >= 1, "trainer.accumulate", f"must be >= 1, got {trainer.accumulate}"
+    )
+    _require(
+        trainer.batch_tokens >= data.max_tokens_per_sentence + 2,
+        "trainer.batch_tokens",
+        f"{trainer.batch_tokens} cannot hold one sentence of data.max_tokens_per_sentence="
+        f"{data.max_tokens_per_sentence} pieces plus BOS/EOS",
+    )
+    _require(
+        trainer.max_steps > 0 or trainer.max_epochs > 0 or trainer.max_time_minutes > 0,
+        "trainer.max_steps",
+        "no stopping rule: set max_steps, max_epochs or max_time_minutes",
+    )
+    _require(
+        trainer.precision in ("auto", "fp32", "bf16"),
+        "trainer.precision",
+        f"must be auto, fp32 or bf16, got {trainer.precision}",
+    )
+    _require(
+        data.max_tokens_per_sentence + 2 <= cfg.model.max_positions,
+        "data.max_tokens_per_sentence",
+        f"{data.max_tokens_per_sentence} + BOS/EOS exceeds "
+        f"model.max_positions={cfg.model.max_positions}",
+    )

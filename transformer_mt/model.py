@@ -1,0 +1,288 @@
+"""The Transformer encoder-decoder of Vaswani et al. (2017), as pure tensor computation.
+
+Shape legend: B batch, S source length, T target length, D d_model, H heads, Dh = D / H,
+V vocabulary. Masks are boolean *keep* masks (True = this key may be attended), the meaning a
+boolean ``attn_mask`` has in ``F.scaled_dot_product_attention``; keys are masked, never queries;
+causality is a flag.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_mt.config import ModelConfig
+
+
+class EncoderOutput(NamedTuple):
+    memory: Tensor  # (B, S, D)
+    src_keep: Tensor  # (B, S) True at real source tokens
+
+
+@dataclass
+class DecoderCache:
+    """Keys and values of earlier target positions, per decoder layer, for incremental decoding.
+
+    Cross-attention keys and values depend only on the source and are computed once.
+    """
+
+    self_k: list[Tensor] = field(default_factory=list)  # per layer (B, H, t, Dh)
+    self_v: list[Tensor] = field(default_factory=list)
+    cross_k: list[Tensor] = field(default_factory=list)  # per layer (B, H, S, Dh)
+    cross_v: list[Tensor] = field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        """Target positions already decoded."""
+        return self.self_k[0].shape[2] if self.self_k else 0
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` of the batch (beam search: each survivor's origin)."""
+        self.self_k = [k.index_select(0, index) for k in self.self_k]
+        self.self_v = [v.index_select(0, index) for v in self.self_v]
+
+
+def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...): (max_positions, D)."""
+    position = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1)
+    inv_freq = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+    )
+    table = torch.zeros(max_positions, d_model)
+    table[:, 0::2] = torch.sin(position * inv_freq)
+    table[:, 1::2] = torch.cos(position * inv_freq)
+    return table
+
+
+def split_heads(x: Tensor, n_heads: int) -> Tensor:
+    batch, length, width = x.shape
+    return x.view(batch, length, n_heads, width // n_heads).transpose(1, 2)  # (B, H, L, Dh)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    batch, n_heads, length, head_dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)  # (B, L, D)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused QKV projection."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(
+        self,
+        x: Tensor,
+        *,
+        keep: Tensor | None = None,
+        causal: bool = False,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
+    ) -> Tensor:
+        q, k, v = (
+            split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1)
+        )  # (B, H, L, Dh)
+        mask = keep[:, None, None, :] if keep is not None else None  # (B, 1, 1, S)
+        if cache is not None:
+            if len(cache.self_k) > layer:
+                k = torch.cat([cache.self_k[layer], k], dim=2)
+                v = torch.cat([cache.self_v[layer], v], dim=2)
+                cache.self_k[layer], cache.self_v[layer] = k, v
+            else:
+                cache.self_k.append(k)
+                cache.self_v.append(v)
+            if causal and q.shape[2] > 1:  # several new positions: causal, aligned bottom-right
+                offset = k.shape[2] - q.shape[2]
+                mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device)
+                mask = mask.tril(diagonal=offset)
+            causal = False  # one new position may attend to every cached one
+        attended = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=mask,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=causal,
+        )
+        return self.out(merge_heads(attended))
+
+
+class CrossAttention(nn.Module):
+    """Decoder-to-encoder attention; keys and values come from the encoder memory."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float):
+        super().__init__()
+        self.n_heads = n_heads
+        self.dropout = dropout
+        self.q = nn.Linear(d_model, d_model)
+        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = (split_heads(t, self.n_heads) for t in self.kv(memory).chunk(2, dim=-1))
+        return k, v  # (B, H, S, Dh) each
+
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, src_keep: Tensor) -> Tensor:
+        q = split_heads(self.q(x), self.n_heads)  # (B, H, T, Dh)
+        attended = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=src_keep[:, None, None, :],
+            dropout_p=self.dropout if self.training else 0.0,
+        )
+        return self.out(merge_heads(attended))
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.inner = nn.Linear(d_model, d_ff)
+        self.outer = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.outer(F.relu(self.inner(x)))
+
+
+class Sublayer(nn.Module):
+    """Residual connection with dropout and LayerNorm: post-norm (paper) or pre-norm."""
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: Tensor, compute) -> Tensor:
+        if self.norm_first:
+            return x + self.dropout(compute(self.norm(x)))
+        return self.norm(x + self.dropout(compute(x)))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.attn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
+        x = self.attn_block(x, lambda h: self.self_attn(h, keep=src_keep))
+        return self.ffn_block(x, self.ffn)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = SelfAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.cross_attn = CrossAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout)
+        self.ffn = FeedForward(cfg.d_model, cfg.d_ff)
+        self.self_block = Sublayer(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.cross_block = Sublayer(cfg.d_model, cfg.dropout, cfg.norm_first)
+        self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.norm_first)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory_k: Tensor,
+        memory_v: Tensor,
+        src_keep: Tensor,
+        cache: DecoderCache | None,
+        layer: int,
+    ) -> Tensor:
+        x = self.self_block(x, lambda h: self.self_attn(h, causal=True, cache=cache, layer=layer))
+        x = self.cross_block(x, lambda h: self.cross_attn(h, memory_k, memory_v, src_keep))
+        return self.ffn_block(x, self.ffn)
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder; one embedding matrix serves encoder, decoder and output projection."""
+
+    def __init__(self, cfg: ModelConfig, *, vocab_size: int, pad_id: int):
+        super().__init__()
+        self.cfg = cfg
+        self.pad_id = pad_id
+        self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.register_buffer(
+            "positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False
+        )
+        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
+        # Pre-norm stacks end with a LayerNorm; post-norm blocks already end with one.
+        self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform projections, zero biases, N(0, D^-0.5) embeddings with a zero pad row."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+        nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+        with torch.no_grad():
+            self.embed.weight[self.pad_id].zero_()
+
+    def embed_tokens(self, tokens: Tensor, start: int = 0) -> Tensor:
+        length = tokens.shape[1]
+        if start + length > self.positions.shape[0]:
+            raise ValueError(
+                f"sequence of {start + length} positions exceeds "
+                f"model.max_positions={self.positions.shape[0]}"
+            )
+        x = (
+            self.embed(tokens) * math.sqrt(self.cfg.d_model)
+            + self.positions[start : start + length]
+        )
+        return self.embed_dropout(x)  # (B, L, D)
+
+    def encode(self, src: Tensor) -> EncoderOutput:
+        """src: (B, S) token ids, right-padded with pad_id."""
+        src_keep = src != self.pad_id  # (B, S)
+        x = self.embed_tokens(src)
+        for layer in self.encoder:
+            x = layer(x, src_keep)
+        return EncoderOutput(self.encoder_norm(x), src_keep)
+
+    def decode(
+        self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None
+    ) -> Tensor:
+        """Logits (B, T, V) for the next token at each position of tgt_in (B, T).
+
+        With a cache, tgt_in holds only the new positions; the cache grows by T.
+        """
+        start = cache.length if cache is not None else 0
+        x = self.embed_tokens(tgt_in, start)
+        for index, layer in enumerate(self.decoder):
+            if cache is None:
+                memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
+            else:
+                if len(cache.cross_k) <= index:
+                    memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
+                    cache.cross_k.append(memory_k)
+                    cache.cross_v.append(memory_v)
+                memory_k, memory_v = cache.cross_k[index], cache.cross_v[index]
+            x = layer(x, memory_k, memory_v, encoded.src_keep, cache, index)
+        return F.linear(self.decoder_norm(x), self.embed.weight)  # (B, T, V)
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V)."""
+        return self.decode(tgt_in, self.encode(src))
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters, each shared tensor counted once."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
