@@ -18,7 +18,7 @@ else
 TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
 endif
 
-.PHONY: help install demo train eval translate test bench lint clean
+.PHONY: help install demo prepare train eval translate test bench bench-data lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -36,6 +36,9 @@ demo: $(STAMP) ## train on the embedded toy corpus, then print test BLEU (minute
 	$(BIN)/tmt-train --config-name demo $(ARGS)
 	$(BIN)/tmt-eval run_dir=runs/demo
 
+prepare: $(STAMP) ## clean, tokenize and binarize the corpus only (train does it when needed)
+	$(BIN)/tmt-prepare $(ARGS)
+
 train: $(STAMP) ## train (default: WMT14 en-de, the paper's base model); ARGS="model=big ..."
 	$(BIN)/tmt-train $(ARGS)
 
@@ -46,10 +49,13 @@ translate: $(STAMP) ## translate lines from stdin to stdout with the model in RU
 	$(BIN)/tmt-translate run_dir=$(RUN) $(ARGS)
 
 test: $(STAMP) ## run the test suite
-	$(BIN)/pytest -q $(ARGS)
+	$(BIN)/pytest -q --durations=8 $(ARGS)
 
 bench: $(STAMP) ## training throughput of our model (target tokens/s, GFLOP/s, peak memory)
 	$(BIN)/python scripts/bench_train.py $(ARGS)
+
+bench-data: $(STAMP) ## data preparation at WMT scale: pairs/s, peak RSS, padding, shared stores
+	$(BIN)/python scripts/bench_data.py $(ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check transformer_mt tests scripts

@@ -62,7 +62,7 @@ def main() -> None:
         job = compose_job("train", overrides)
         data = prepare(job.data, Path(run_dir))
         trainer = Trainer(job, data, torch.device("cpu"))
-        tok = data.tokenizer
+        tok = data.tokenizers.tgt
         batches = [
             collate(data.train, b, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
             for b in token_batches(

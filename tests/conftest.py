@@ -26,12 +26,14 @@ TINY_TRAIN = [
     "trainer.log_every=20",
     "trainer.progress_bar=false",
     "trainer.num_threads=2",
+    "trainer.loader_workers=0",
 ]
 
 
 @pytest.fixture
 def tiny_train_job(tmp_path):
     def make(*extra: str):
-        return compose_job("train", [*TINY_TRAIN, f"run_dir={tmp_path / 'run'}", *extra])
+        overrides = [f"run_dir={tmp_path / 'run'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
+        return compose_job("train", [*TINY_TRAIN, *overrides, *extra])
 
     return make

@@ -41,14 +41,43 @@ def test_missing_checkpoint_is_named(tmp_path):
 def test_mismatched_parallel_files_are_named(tmp_path):
     (tmp_path / "train.de").write_text("a\nb\nc\n")
     (tmp_path / "train.en").write_text("a\nb\n")
+    (tmp_path / "valid.de").write_text("a\n")
+    (tmp_path / "valid.en").write_text("a\n")
     result = run(
         "tmt-train",
         f"run_dir={tmp_path / 'run'}",
         "data=files",
         f"data.dir={tmp_path}",
         "model=tiny",
+        f"data.prepared_dir={tmp_path / 'prepared'}",
     )
     stderr = result.stderr.decode()
     assert result.returncode == 2
     assert "train.de has 3 lines" in stderr and "train.en has 2 lines" in stderr
     assert "Traceback" not in stderr
+
+
+def test_translate_keeps_one_output_line_per_input_line(tmp_path):
+    """Unicode line separators inside a line must not split it; invalid UTF-8 is named."""
+    from transformer_mt.config import compose_job
+    from transformer_mt.train.trainer import train
+
+    overrides = [
+        "data=toy",
+        "data.toy_sizes=[300,20,20]",
+        "data.vocab_size=200",
+        "model=tiny",
+        "trainer.max_steps=1",
+        "trainer.batch_tokens=1000",
+        "trainer.progress_bar=false",
+        "trainer.loader_workers=0",
+        f"run_dir={tmp_path / 'run'}",
+        f"data.prepared_dir={tmp_path / 'p'}",
+    ]
+    train(compose_job("train", overrides))
+    lines = "the dog.\nthe cat\u2028sees the dog.\n\nthe man.\n".encode()
+    result = run("tmt-translate", f"run_dir={tmp_path / 'run'}", "decode=greedy", stdin=lines)
+    assert result.returncode == 0, result.stderr.decode()
+    assert len(result.stdout.decode("utf-8").split("\n")) == 5  # 4 lines + the final newline
+    result = run("tmt-translate", f"run_dir={tmp_path / 'run'}", stdin=b"ok\n\xff\n")
+    assert result.returncode == 2 and "<stdin>:2: not valid UTF-8" in result.stderr.decode()

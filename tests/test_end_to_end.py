@@ -1,26 +1,30 @@
 """train -> checkpoint -> translate -> BLEU on a tiny toy corpus, via the CLI's functions."""
 
 import json
-import time
+import unicodedata
+from pathlib import Path
 
 import pytest
 import torch
 
 from transformer_mt.config import compose_job
+from transformer_mt.data.store import ParallelTokens
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.translator import Translator
-from transformer_mt.errors import CheckpointError
+from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.evaluate import evaluate
 from transformer_mt.train.trainer import train
 
 
 @pytest.mark.slow
-def test_train_checkpoint_translate_bleu_under_a_minute(tiny_train_job, tmp_path):
-    started = time.perf_counter()
+def test_train_checkpoint_translate_bleu(tiny_train_job, tmp_path):
+    # Its duration is printed by `make test` (pytest --durations); no timing assertion here.
     job = tiny_train_job()
     checkpoint = train(job)
     assert checkpoint.is_file()
     run_dir = checkpoint.parents[1]
-    for name in ("config.yaml", "spm.model", "data/stats.json"):
+    for name in ("config.yaml", "spm.model", "prepared.json"):
         assert (run_dir / name).is_file(), name
     assert any((run_dir / "tensorboard").iterdir())
 
@@ -33,7 +37,6 @@ def test_train_checkpoint_translate_bleu_under_a_minute(tiny_train_job, tmp_path
     translator = Translator.from_run(run_dir)
     outputs = translator.translate(["the dog sees the cat.", "", "the man."])
     assert len(outputs) == 3 and outputs[1] == ""
-    assert time.perf_counter() - started < 60
 
 
 @pytest.mark.slow
@@ -51,3 +54,93 @@ def test_rerun_resumes_instead_of_starting_over(tiny_train_job):
 def test_missing_checkpoint_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="nope.pt: checkpoint not found"):
         Translator.from_run(tmp_path, "nope.pt")
+
+
+def hub_format_corpus(folder, pairs_by_split) -> None:
+    """A local folder laid out like the hub's wmt/wmt14 repository (parquet per config)."""
+    import datasets
+
+    (folder / "de-en").mkdir(parents=True)
+    for split, pairs in pairs_by_split.items():
+        rows = {"translation": [{"en": en, "de": de} for en, de in pairs]}
+        datasets.Dataset.from_dict(rows).to_parquet(
+            str(folder / "de-en" / f"{split}-00000-of-00001.parquet")
+        )
+    files = "".join(f"  - split: {split}\n    path: de-en/{split}-*\n" for split in pairs_by_split)
+    (folder / "README.md").write_text(
+        f"---\nconfigs:\n- config_name: de-en\n  data_files:\n{files}---\n"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("src_lang,tgt_lang", [("en", "de"), ("de", "en")])
+def test_wmt14_preset_through_datasets_end_to_end(tiny_train_job, tmp_path, src_lang, tgt_lang):
+    pairs = toy_pairs(700, seed=9)
+    hub_format_corpus(
+        tmp_path / "hub", {"train": pairs[:600], "validation": pairs[600:650], "test": pairs[650:]}
+    )
+    job = tiny_train_job(
+        "data=wmt14_en_de",
+        f"data.hf_path={tmp_path / 'hub'}",
+        f"data.src_lang={src_lang}",
+        f"data.tgt_lang={tgt_lang}",
+        "data.vocab_size=300",
+        "trainer.max_steps=5",
+    )
+    run_dir = train(job).parents[1]
+    prepared = ParallelTokens.load(
+        Path(json.loads((run_dir / "prepared.json").read_text())["folder"]), "train"
+    )
+    tokenizer = Tokenizer(run_dir / "spm.model")
+    first_source = tokenizer.decode([prepared.src[0].tolist()])[0]
+    sources = {en if src_lang == "en" else de for en, de in pairs[:600]}
+    assert first_source in sources
+    scores = evaluate(compose_job("eval", [f"run_dir={run_dir}", "decode=greedy"]))
+    assert scores["sentences"] == 50
+
+
+@pytest.mark.slow
+def test_separate_vocabularies_train_and_translate(tiny_train_job):
+    job = tiny_train_job("data.shared_vocab=false", "data.vocab_size=250", "trainer.max_steps=5")
+    run_dir = train(job).parents[1]
+    assert (run_dir / "spm.src.model").is_file() and (run_dir / "spm.tgt.model").is_file()
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+    assert state["src_vocab_size"] == 250 and "src_embed.weight" in state["model"]
+    translator = Translator.from_run(run_dir)
+    assert translator.model.src_embed is not None
+    assert len(translator.translate(["the dog sees the cat.", ""])) == 2
+
+
+@pytest.mark.slow
+def test_stop_and_resume_gives_the_same_parameters_as_one_run(tiny_train_job, tmp_path):
+    straight = train(tiny_train_job("trainer.max_steps=30", f"run_dir={tmp_path / 'straight'}"))
+    train(tiny_train_job("trainer.max_steps=20", f"run_dir={tmp_path / 'resumed'}"))
+    resumed = train(tiny_train_job("trainer.max_steps=30", f"run_dir={tmp_path / 'resumed'}"))
+    a, b = (torch.load(path, weights_only=True) for path in (straight, resumed))
+    assert a["step"] == b["step"] == 30
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+
+
+def test_resuming_with_another_model_shape_is_refused(tiny_train_job):
+    train(tiny_train_job("trainer.max_steps=2"))
+    with pytest.raises(CheckpointError, match="does not fit this configuration's model"):
+        train(tiny_train_job("trainer.max_steps=4", "model.d_ff=96"))
+
+
+def test_translator_normalises_input_like_the_training_data(tiny_train_job):
+    run_dir = train(tiny_train_job("trainer.max_steps=2")).parents[1]
+    translator = Translator.from_run(
+        run_dir, decode=compose_job("eval", ["run_dir=x", "decode=greedy"]).decode
+    )
+    sentence = "Die Bäume über dem Fluß."
+    nfd = unicodedata.normalize("NFD", sentence)
+    assert nfd != sentence
+    assert translator.translate([nfd]) == translator.translate([sentence])
+
+
+def test_impossible_beam_size_is_named(tiny_train_job):
+    run_dir = train(tiny_train_job("trainer.max_steps=1")).parents[1]
+    decode = compose_job("eval", ["run_dir=x", "decode.beam_size=0"]).decode
+    with pytest.raises(ConfigError, match="decode.beam_size"):
+        Translator.from_run(run_dir, decode=decode)

@@ -135,3 +135,16 @@ def test_base_and_big_parameter_counts():
     print(f"base: {count_parameters(base):,} parameters; big: {count_parameters(big):,}")
     assert count_parameters(base) == 63_082_496
     assert abs(count_parameters(big) / 213e6 - 1) < 0.02
+
+
+def test_separate_source_vocabulary_ties_only_the_decoder_embeddings():
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        name="t", d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1
+    )
+    model = Transformer(cfg, vocab_size=30, src_vocab_size=40, pad_id=PAD).eval()
+    assert model.src_embed.weight.shape == (40, 16) and model.embed.weight.shape == (30, 16)
+    logits = model(torch.randint(4, 40, (2, 5)), torch.randint(4, 30, (2, 3)))
+    assert logits.shape == (2, 3, 30)
+    logits.sum().backward()
+    assert model.src_embed.weight.grad is not None and model.embed.weight.grad is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -36,6 +36,29 @@ def to_job(cfg: DictConfig, schema: type):
     job = OmegaConf.to_object(cfg)
     assert isinstance(job, schema), f"config did not compose to {schema.__name__}"
     return job
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
+def prepare_main(cfg: DictConfig) -> None:
+    """tmt-prepare: clean, tokenize and binarize the corpus only (tmt-train does it when needed)."""
+    from pathlib import Path
+
+    from transformer_mt.config import validate_train
+    from transformer_mt.data.prepare import prepare
+
+    def task() -> None:
+        job = to_job(cfg, TrainJob)
+        validate_train(job)
+        data = prepare(job.data, Path(job.run_dir))
+        log.info(
+            "prepared data in %s: %d train, %d valid pairs; tokenizer copied to %s",
+            data.folder,
+            len(data.train),
+            len(data.valid),
+            job.run_dir,
+        )
+
+    run_reporting_errors(task)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
@@ -80,23 +103,28 @@ def translate_main(cfg: DictConfig) -> None:
 
     def task() -> None:
         job = to_job(cfg, TranslateJob)
+        sys.stdout.reconfigure(encoding="utf-8")
         translator = Translator.from_run(
             job.run_dir, job.checkpoint, decode=job.decode, device=job.device
         )
-        lines = read_stdin_lines()
-        for start in range(0, len(lines), 256):
-            for translation in translator.translate(lines[start : start + 256]):
+        for lines in stdin_batches(64):
+            for translation in translator.translate(lines):
                 sys.stdout.write(translation + "\n")
             sys.stdout.flush()
 
     run_reporting_errors(task)
 
 
-def read_stdin_lines() -> list[str]:
-    data = sys.stdin.buffer.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data[: error.start].count(b"\n") + 1
-        raise TransformerMTError(f"<stdin>:{line}: not valid UTF-8") from None
-    return text.splitlines()
+def stdin_batches(size: int) -> Iterator[list[str]]:
+    """Lines of standard input (UTF-8, split on newlines only) in batches of up to `size`."""
+    batch: list[str] = []
+    for number, raw in enumerate(sys.stdin.buffer, start=1):
+        try:
+            batch.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError:
+            raise TransformerMTError(f"<stdin>:{number}: not valid UTF-8") from None
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -58,11 +58,32 @@ class DataConfig:
     toy_sizes: list[int] = field(default_factory=lambda: [30000, 500, 500])
     """toy: number of train, valid and test pairs."""
     vocab_size: int = 8000
-    """Size of the shared SentencePiece vocabulary."""
-    spm_sample_sentences: int = 2_000_000
+    """Size of the shared SentencePiece vocabulary (of each one, with shared_vocab=false)."""
+    shared_vocab: bool = True
+    """True: one SentencePiece model and one embedding for both sides (the paper's). False: one
+    model per side (languages with different scripts); only the decoder's input and output
+    embeddings are then tied."""
+    seed: int = 1
+    """Seed of the SentencePiece training sample (part of the prepared data's identity; the
+    trainer has its own seed, so a seed sweep shares one prepared corpus)."""
+    spm_sample_sentences: int = 1_000_000
     """SentencePiece is trained on at most this many randomly sampled sentences."""
     max_tokens_per_sentence: int = 250
     """Training pairs with more pieces than this on either side are dropped."""
+    max_length_ratio: float = 3.0
+    """Training pairs whose longer side has more than this many times the pieces of the shorter
+    side are dropped (0 disables)."""
+    unicode_form: str | None = "NFC"
+    """Unicode normalisation applied to every sentence before tokenization (NFC, NFKC, or null)."""
+    dedupe: bool = False
+    """Drop exact duplicate training pairs."""
+    invalid_utf8: str = "error"
+    """Local files: 'error' stops at the first undecodable line (naming file and line);
+    'replace' substitutes U+FFFD and counts the lines."""
+    prepared_dir: str = "prepared"
+    """Cache of prepared corpora, one folder per hash of everything that produced it."""
+    num_workers: int = 0
+    """Processes that encode and binarize (0: one per CPU core)."""
 
 
 @dataclass(kw_only=True)
@@ -143,6 +164,8 @@ class TrainerConfig:
     """How many step checkpoints to keep besides last.pt."""
     progress_bar: bool = True
     """Show a tqdm progress bar."""
+    loader_workers: int = 1
+    """Background processes that collate batches (0: collate in the training process)."""
 
 
 @dataclass(kw_only=True)
@@ -230,6 +253,17 @@ def compose_job(config_name: str, overrides: list[str] | None = None):
     return OmegaConf.to_object(cfg)
 
 
+def run_data_config(run_dir: Path) -> DataConfig:
+    """The data configuration a run folder was trained with (its config.yaml)."""
+    config_path = Path(run_dir) / "config.yaml"
+    if not config_path.is_file():
+        raise ConfigError(
+            f"{config_path} not found: is '{run_dir}' a run folder written by tmt-train?"
+        )
+    saved = OmegaConf.load(config_path)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data))
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"config key '{key}': {message}")
@@ -255,14 +289,37 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
         cfg.batch_tokens > 0, f"{key}.batch_tokens", f"must be positive, got {cfg.batch_tokens}"
     )
     _require(cfg.max_len_b >= 1, f"{key}.max_len_b", f"must be >= 1, got {cfg.max_len_b}")
+    _require(cfg.max_len_a >= 0, f"{key}.max_len_a", f"must be >= 0, got {cfg.max_len_a}")
 
 
-def validate_train(cfg: TrainJob) -> None:
-    """Check what the schema's types cannot; raise ConfigError naming the key."""
-    validate_model(cfg.model)
-    validate_decode(cfg.decode)
-    data, optim, trainer = cfg.data, cfg.optim, cfg.trainer
+def validate_data(data: DataConfig) -> None:
     _require(data.vocab_size >= 16, "data.vocab_size", f"must be >= 16, got {data.vocab_size}")
+    _require(
+        data.unicode_form in (None, "NFC", "NFKC", "NFD", "NFKD"),
+        "data.unicode_form",
+        f"must be NFC, NFKC, NFD, NFKD or null, got {data.unicode_form}",
+    )
+    _require(
+        data.invalid_utf8 in ("error", "replace"),
+        "data.invalid_utf8",
+        f"must be error or replace, got {data.invalid_utf8}",
+    )
+    _require(
+        data.max_length_ratio >= 0,
+        "data.max_length_ratio",
+        f"must be >= 0, got {data.max_length_ratio}",
+    )
+    _require(
+        data.max_tokens_per_sentence >= 1,
+        "data.max_tokens_per_sentence",
+        f"must be >= 1, got {data.max_tokens_per_sentence}",
+    )
+    _require(
+        data.spm_sample_sentences > 0,
+        "data.spm_sample_sentences",
+        f"must be positive, got {data.spm_sample_sentences}",
+    )
+    _require(data.num_workers >= 0, "data.num_workers", f"must be >= 0, got {data.num_workers}")
     if data.source == SourceKind.files:
         _require(data.dir is not None, "data.dir", "is required when data.source=files")
     if data.source == SourceKind.toy:
@@ -271,29 +328,40 @@ def validate_train(cfg: TrainJob) -> None:
             "data.toy_sizes",
             f"must be three positive sizes [train, valid, test], got {data.toy_sizes}",
         )
+
+
+def validate_optim(optim: OptimConfig) -> None:
     _require(
         optim.warmup_steps > 0, "optim.warmup_steps", f"must be positive, got {optim.warmup_steps}"
     )
+    _require(optim.lr_scale > 0, "optim.lr_scale", f"must be positive, got {optim.lr_scale}")
+    _require(optim.clip_norm >= 0, "optim.clip_norm", f"must be >= 0, got {optim.clip_norm}")
     _require(
         0.0 <= optim.label_smoothing < 1.0,
         "optim.label_smoothing",
         f"must be in [0, 1), got {optim.label_smoothing}",
     )
     _require(len(optim.betas) == 2, "optim.betas", f"must hold two values, got {optim.betas}")
+
+
+def validate_trainer(trainer: TrainerConfig) -> None:
     _require(
         trainer.batch_tokens > 0,
         "trainer.batch_tokens",
         f"must be positive, got {trainer.batch_tokens}",
     )
-    _require(
-        trainer.accumulate >= 1, "trainer.accumulate", f"must be >= 1, got {trainer.accumulate}"
-    )
-    _require(
-        trainer.batch_tokens >= data.max_tokens_per_sentence + 2,
-        "trainer.batch_tokens",
-        f"{trainer.batch_tokens} cannot hold one sentence of data.max_tokens_per_sentence="
-        f"{data.max_tokens_per_sentence} pieces plus BOS/EOS",
-    )
+    for name in ("accumulate", "log_every"):
+        _require(
+            getattr(trainer, name) >= 1,
+            f"trainer.{name}",
+            f"must be >= 1, got {getattr(trainer, name)}",
+        )
+    for name in ("valid_every", "checkpoint_every", "keep_checkpoints", "loader_workers"):
+        _require(
+            getattr(trainer, name) >= 0,
+            f"trainer.{name}",
+            f"must be >= 0, got {getattr(trainer, name)}",
+        )
     _require(
         trainer.max_steps > 0 or trainer.max_epochs > 0 or trainer.max_time_minutes > 0,
         "trainer.max_steps",
@@ -304,9 +372,24 @@ def validate_train(cfg: TrainJob) -> None:
         "trainer.precision",
         f"must be auto, fp32 or bf16, got {trainer.precision}",
     )
+
+
+def validate_train(cfg: TrainJob) -> None:
+    """Check what the schema's types cannot; raise ConfigError naming the key."""
+    validate_model(cfg.model)
+    validate_decode(cfg.decode)
+    validate_data(cfg.data)
+    validate_optim(cfg.optim)
+    validate_trainer(cfg.trainer)
+    max_sentence = cfg.data.max_tokens_per_sentence
     _require(
-        data.max_tokens_per_sentence + 2 <= cfg.model.max_positions,
+        cfg.trainer.batch_tokens >= max_sentence + 2,
+        "trainer.batch_tokens",
+        f"{cfg.trainer.batch_tokens} cannot hold one sentence of data.max_tokens_per_sentence="
+        f"{max_sentence} pieces plus BOS/EOS",
+    )
+    _require(
+        max_sentence + 2 <= cfg.model.max_positions,
         "data.max_tokens_per_sentence",
-        f"{data.max_tokens_per_sentence} + BOS/EOS exceeds "
-        f"model.max_positions={cfg.model.max_positions}",
+        f"{max_sentence} + BOS/EOS exceeds model.max_positions={cfg.model.max_positions}",
     )

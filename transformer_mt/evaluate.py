@@ -10,10 +10,9 @@ from pathlib import Path
 import sacrebleu
 from omegaconf import OmegaConf
 
-from transformer_mt.config import DataConfig, EvalJob, validate_decode
+from transformer_mt.config import EvalJob, run_data_config, validate_decode
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.decode.translator import Translator
-from transformer_mt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -30,16 +29,6 @@ def sacrebleu_scores(hypotheses: list[str], references: list[str]) -> dict:
         "chrf": round(chrf_score.score, 2),
         "chrf_signature": str(chrf.get_signature()),
     }
-
-
-def run_data_config(run_dir: Path) -> DataConfig:
-    config_path = run_dir / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(
-            f"{config_path} not found: is '{run_dir}' a run folder written by tmt-train?"
-        )
-    saved = OmegaConf.load(config_path)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data))
 
 
 def evaluate(cfg: EvalJob) -> dict:
@@ -61,6 +50,10 @@ def evaluate(cfg: EvalJob) -> dict:
         decode=OmegaConf.to_container(OmegaConf.structured(cfg.decode), enum_to_str=True),
         decode_seconds=round(seconds, 2),
     )
-    (run_dir / f"hypotheses.{cfg.split}.txt").write_text("".join(h + "\n" for h in hypotheses))
-    (run_dir / f"scores.{cfg.split}.json").write_text(json.dumps(scores, indent=2) + "\n")
+    (run_dir / f"hypotheses.{cfg.split}.txt").write_text(
+        "".join(h + "\n" for h in hypotheses), encoding="utf-8"
+    )
+    (run_dir / f"scores.{cfg.split}.json").write_text(
+        json.dumps(scores, indent=2) + "\n", encoding="utf-8"
+    )
     return scores

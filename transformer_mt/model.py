@@ -42,7 +42,8 @@ class DecoderCache:
         return self.self_k[0].shape[2] if self.self_k else 0
 
     def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` of the batch (beam search: each survivor's origin)."""
+        """Keep rows `index` of the batch (beam search: each survivor's origin). Cross-attention
+        keys and values are left alone: beams never leave their sentence, whose are identical."""
         self.self_k = [k.index_select(0, index) for k in self.self_k]
         self.self_v = [v.index_select(0, index) for v in self.self_v]
 
@@ -210,11 +211,20 @@ class DecoderLayer(nn.Module):
 class Transformer(nn.Module):
     """Encoder-decoder; one embedding matrix serves encoder, decoder and output projection."""
 
-    def __init__(self, cfg: ModelConfig, *, vocab_size: int, pad_id: int):
+    def __init__(
+        self, cfg: ModelConfig, *, vocab_size: int, pad_id: int, src_vocab_size: int | None = None
+    ):
+        """vocab_size: the (shared) vocabulary; src_vocab_size: a separate source vocabulary, in
+        which case the encoder gets its own embedding and only the decoder's are tied."""
         super().__init__()
         self.cfg = cfg
         self.pad_id = pad_id
         self.embed = nn.Embedding(vocab_size, cfg.d_model, padding_idx=pad_id)
+        self.src_embed = (
+            nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=pad_id)
+            if src_vocab_size
+            else None
+        )
         self.register_buffer(
             "positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False
         )
@@ -227,32 +237,37 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """Xavier-uniform projections, zero biases, N(0, D^-0.5) embeddings with a zero pad row."""
+        """Xavier-uniform projections (each D x D block of a fused QKV / KV projection on its own,
+        as if it were the paper's separate W^Q, W^K, W^V), zero biases, N(0, D^-0.5) embeddings
+        with a zero pad row."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
                 nn.init.zeros_(module.bias)
-        nn.init.normal_(self.embed.weight, mean=0.0, std=self.cfg.d_model**-0.5)
-        with torch.no_grad():
-            self.embed.weight[self.pad_id].zero_()
+        for fused in (m for m in self.modules() if isinstance(m, SelfAttention | CrossAttention)):
+            projection = fused.qkv if isinstance(fused, SelfAttention) else fused.kv
+            for block in projection.weight.data.split(self.cfg.d_model, dim=0):
+                nn.init.xavier_uniform_(block)
+        for table in (self.embed, self.src_embed):
+            if table is not None:
+                nn.init.normal_(table.weight, mean=0.0, std=self.cfg.d_model**-0.5)
+                with torch.no_grad():
+                    table.weight[self.pad_id].zero_()
 
-    def embed_tokens(self, tokens: Tensor, start: int = 0) -> Tensor:
+    def embed_tokens(self, tokens: Tensor, table: nn.Embedding, start: int = 0) -> Tensor:
         length = tokens.shape[1]
         if start + length > self.positions.shape[0]:
             raise ValueError(
                 f"sequence of {start + length} positions exceeds "
                 f"model.max_positions={self.positions.shape[0]}"
             )
-        x = (
-            self.embed(tokens) * math.sqrt(self.cfg.d_model)
-            + self.positions[start : start + length]
-        )
+        x = table(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + length]
         return self.embed_dropout(x)  # (B, L, D)
 
     def encode(self, src: Tensor) -> EncoderOutput:
         """src: (B, S) token ids, right-padded with pad_id."""
         src_keep = src != self.pad_id  # (B, S)
-        x = self.embed_tokens(src)
+        x = self.embed_tokens(src, self.embed if self.src_embed is None else self.src_embed)
         for layer in self.encoder:
             x = layer(x, src_keep)
         return EncoderOutput(self.encoder_norm(x), src_keep)
@@ -265,7 +280,7 @@ class Transformer(nn.Module):
         With a cache, tgt_in holds only the new positions; the cache grows by T.
         """
         start = cache.length if cache is not None else 0
-        x = self.embed_tokens(tgt_in, start)
+        x = self.embed_tokens(tgt_in, self.embed, start)
         for index, layer in enumerate(self.decoder):
             if cache is None:
                 memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)

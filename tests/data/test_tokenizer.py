@@ -7,7 +7,7 @@ from transformer_mt.data.tokenizer import (
     EOS_ID,
     PAD_ID,
     UNK_ID,
-    reservoir_sample,
+    Reservoir,
     train_tokenizer,
 )
 from transformer_mt.data.toy import toy_pairs
@@ -16,12 +16,8 @@ from transformer_mt.errors import ConfigError
 
 def test_train_encode_decode_round_trip(tmp_path):
     pairs = toy_pairs(500, seed=3)
-    tokenizer = train_tokenizer(
-        (s for pair in pairs for s in pair),
-        tmp_path / "spm.model",
-        vocab_size=300,
-        sample_size=10_000,
-    )
+    sentences = [s for pair in pairs for s in pair]
+    tokenizer = train_tokenizer(sentences, tmp_path / "spm.model", vocab_size=300)
     assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (
         PAD_ID,
         UNK_ID,
@@ -35,12 +31,13 @@ def test_train_encode_decode_round_trip(tmp_path):
 
 def test_too_large_vocabulary_names_the_key(tmp_path):
     with pytest.raises(ConfigError, match="data.vocab_size"):
-        train_tokenizer(
-            ["a b c", "d e f"], tmp_path / "spm.model", vocab_size=5000, sample_size=100
-        )
+        train_tokenizer(["a b c", "d e f"], tmp_path / "spm.model", vocab_size=5000)
 
 
 def test_reservoir_sample_is_bounded_and_uniform_enough():
-    sample = reservoir_sample((str(i) for i in range(10_000)), 100, seed=1)
+    reservoir = Reservoir(100, seed=1)
+    for i in range(10_000):
+        reservoir.add(str(i))
+    sample = reservoir.items
     assert len(sample) == 100 and len(set(sample)) == 100
     assert sum(int(s) >= 5000 for s in sample) > 30  # not just the first lines

@@ -98,11 +98,12 @@ def test_nbest_lists_are_ordered_and_scored():
 
 def test_output_respects_length_limit():
     model = random_model(vocab=20, seed=7)
-    src = torch.randint(4, 20, (2, 3), generator=torch.Generator().manual_seed(7))
-    for hyps in beam_search(
-        model, src, beam_size=3, bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=2
-    ):
-        assert all(len(h.tokens) + 1 <= 3 + 1 + 2 for h in hyps)  # source: 3 tokens + EOS
+    src = torch.tensor(
+        [[5, 6, 7, EOS], [8, 9, EOS, PAD]]
+    )  # source lengths 3 and 2 (EOS not counted)
+    nbest = beam_search(model, src, beam_size=3, bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=2)
+    for hyps, limit in zip(nbest, [3 + 2, 2 + 2], strict=True):
+        assert max(len(h.tokens) + 1 for h in hyps) <= limit  # + 1: EOS counts
 
 
 def test_length_penalty_is_gnmt_formula():

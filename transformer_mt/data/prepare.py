@@ -1,89 +1,267 @@
-"""Corpus to run folder: clean, train the shared SentencePiece model, binarize train and valid."""
+"""Corpus -> prepared folder: cleaned, tokenized with one shared SentencePiece model, binarized.
+
+The folder is named by a hash of everything that produced it (the corpus's identity and version,
+the cleaning settings, the tokenizer settings, this format's version), so it is reused when
+nothing changed and rebuilt when anything did. It is built under a temporary name and renamed
+when complete: an interrupted build is never mistaken for a finished one.
+"""
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import json
 import logging
+import os
+import shutil
+import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from transformer_mt.config import DataConfig
-from transformer_mt.data.clean import strip_pairs, within_length
-from transformer_mt.data.sources import corpus_identity, read_pairs
-from transformer_mt.data.store import ParallelTokens, TokenArray
-from transformer_mt.data.tokenizer import Tokenizer, train_tokenizer
+from transformer_mt.data.binarize import CHUNK_LINES, binarize
+from transformer_mt.data.clean import clean_text_pairs
+from transformer_mt.data.sources import corpus_identity, read_pairs, source_version
+from transformer_mt.data.store import ParallelTokens
+from transformer_mt.data.tokenizer import (
+    SHARED_FILE,
+    SRC_FILE,
+    TGT_FILE,
+    Reservoir,
+    Tokenizers,
+    load_tokenizers,
+    train_tokenizer,
+)
 from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
 
-TOKENIZER_FILE = "spm.model"
+FORMAT_VERSION = 2
+STATS_FILE = "stats.json"
 
 
 @dataclass(frozen=True)
 class PreparedData:
-    tokenizer: Tokenizer
+    tokenizers: Tokenizers
     train: ParallelTokens
     valid: ParallelTokens
+    folder: Path
 
 
-def prepare(cfg: DataConfig, run_dir: Path, *, seed: int = 1) -> PreparedData:
-    """Tokenizer and binarized train/valid splits in run_dir, reused when already there."""
-    data_dir = run_dir / "data"
-    tokenizer_path = run_dir / TOKENIZER_FILE
-    done_marker = data_dir / "stats.json"
-    if tokenizer_path.is_file() and done_marker.is_file():
-        log.info("reusing prepared data in %s", data_dir)
-        return PreparedData(
-            Tokenizer(tokenizer_path),
-            ParallelTokens.load(data_dir, "train"),
-            ParallelTokens.load(data_dir, "valid"),
-        )
-    log.info("preparing %s", corpus_identity(cfg))
-    dropped: Counter = Counter()
-    train_pairs = list(strip_pairs(read_pairs(cfg, "train"), dropped))
-    if not train_pairs:
+def fingerprint(cfg: DataConfig) -> str:
+    """Hash of every input and setting that determines the prepared data."""
+    settings = asdict(cfg)
+    for key in ("name", "prepared_dir", "num_workers", "test_split", "hf_path"):
+        settings.pop(key)  # names, places and speed knobs do not change the result
+    settings.update(format=FORMAT_VERSION, source_version=source_version(cfg))
+    blob = json.dumps(settings, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def prepare(cfg: DataConfig, run_dir: Path) -> PreparedData:
+    """The prepared corpus (built if needed); the run folder gets a copy of the tokenizer model."""
+    folder = Path(cfg.prepared_dir) / f"{cfg.name}-{fingerprint(cfg)}"
+    refuse_other_data(run_dir, folder)
+    if (folder / STATS_FILE).is_file():
+        log.info("reusing prepared data %s", folder)
+    else:
+        build(cfg, folder)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    files = load_tokenizers(folder).files
+    for name in {SHARED_FILE, SRC_FILE, TGT_FILE} - {path.name for path in files}:
+        (run_dir / name).unlink(missing_ok=True)  # a stale model would shadow the new one
+    for path in files:
+        shutil.copyfile(path, run_dir / path.name)
+    (run_dir / "prepared.json").write_text(
+        json.dumps({"folder": str(folder.resolve())}, indent=2) + "\n"
+    )
+    return PreparedData(
+        load_tokenizers(run_dir),
+        ParallelTokens.load(folder, "train"),
+        ParallelTokens.load(folder, "valid"),
+        folder,
+    )
+
+
+def refuse_other_data(run_dir: Path, folder: Path) -> None:
+    """A run folder keeps the data (and tokenizer) it was started with."""
+    record = run_dir / "prepared.json"
+    if record.is_file():
+        previous = Path(json.loads(record.read_text())["folder"]).name
+        if previous != folder.name:
+            raise DataError(
+                f"{run_dir} was prepared as {previous}, but this configuration prepares "
+                f"{folder.name} "
+                "(the corpus, or a data or tokenizer setting, changed): use a new run_dir, or "
+                "restore the original settings"
+            )
+
+
+def remove_abandoned_builds(folder: Path) -> None:
+    """Delete temporary folders of builds whose process is gone (killed before its cleanup)."""
+    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def build(cfg: DataConfig, folder: Path) -> None:
+    remove_abandoned_builds(folder)
+    temporary = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    try:
+        stats = build_into(cfg, temporary)
+        (temporary / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+        try:
+            os.rename(temporary, folder)
+        except OSError:  # another process finished the same folder first
+            if not (folder / STATS_FILE).is_file():
+                raise
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)
+
+
+def build_into(cfg: DataConfig, folder: Path) -> dict:
+    """Clean, train SentencePiece, binarize train and valid into `folder`; return the statistics."""
+    log.info(
+        "preparing %s into %s", corpus_identity(cfg), folder.name.split(".tmp-")[0].lstrip(".")
+    )
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+    dropped_text: Counter = Counter()
+    shared = Reservoir(cfg.spm_sample_sentences, cfg.seed)
+    samples = (
+        (shared, shared)
+        if cfg.shared_vocab
+        else (shared, Reservoir(cfg.spm_sample_sentences, cfg.seed + 1))
+    )
+    n_read = write_clean_text(cfg, "train", folder, dropped_text, samples)
+    if n_read == 0:
         raise DataError(
             f"the training split of {corpus_identity(cfg)} is empty after cleaning "
-            f"(dropped: {dict(dropped)})"
+            f"(dropped: {dict(dropped_text)})"
         )
-    text = itertools.chain.from_iterable(train_pairs)
-    log.info(
-        "training SentencePiece (BPE, %d pieces) on %d pairs", cfg.vocab_size, len(train_pairs)
-    )
-    tokenizer = train_tokenizer(
-        text,
-        tokenizer_path,
-        vocab_size=cfg.vocab_size,
-        sample_size=cfg.spm_sample_sentences,
-        seed=seed,
-    )
-    stats = {"dropped_train": {}}
-    train = binarize(tokenizer, train_pairs, cfg.max_tokens_per_sentence, dropped)
-    stats["dropped_train"] = dict(dropped)
-    valid_pairs = list(strip_pairs(read_pairs(cfg, "valid"), Counter()))
-    valid = binarize(tokenizer, valid_pairs, cfg.max_tokens_per_sentence, Counter())
-    train.save(data_dir, "train")
-    valid.save(data_dir, "valid")
-    stats.update(train_pairs=len(train), valid_pairs=len(valid), vocab_size=tokenizer.vocab_size)
-    done_marker.write_text(json.dumps(stats, indent=2))
-    log.info(
-        "prepared %d train / %d valid pairs; dropped %s",
-        len(train),
-        len(valid),
-        dict(dropped) or "none",
-    )
-    return PreparedData(tokenizer, train, valid)
+    seconds["clean"], clock = time.perf_counter() - clock, time.perf_counter()
+    tokenizers = train_tokenizers(cfg, samples, folder)
+    del samples, shared
+    seconds["sentencepiece"], clock = time.perf_counter() - clock, time.perf_counter()
+    stats: dict = {
+        "source": corpus_identity(cfg),
+        "shared_vocab": cfg.shared_vocab,
+        "splits": {},
+        "vocab_size": [tokenizers.src.vocab_size, tokenizers.tgt.vocab_size],
+    }
+    for split in ("train", "valid"):
+        dropped = dropped_text if split == "train" else Counter()
+        if split != "train":
+            n_read = write_clean_text(cfg, split, folder, dropped, None)
+        kept = binarize_split(
+            cfg, split, folder, tokenizers, dropped, small=n_read <= 4 * CHUNK_LINES
+        )
+        counted = {reason: count for reason, count in dropped.items() if count}
+        stats["splits"][split] = {"kept": kept, "dropped": counted}
+        log.info("%s: kept %d pairs; dropped %s", split, kept, counted or "none")
+    seconds["binarize"] = time.perf_counter() - clock
+    stats["seconds"] = {phase: round(value, 1) for phase, value in seconds.items()}
+    return stats
 
 
-def binarize(
-    tokenizer: Tokenizer, pairs: list[tuple[str, str]], max_tokens: int, dropped: Counter
-) -> ParallelTokens:
-    src_ids = tokenizer.encode([src for src, _ in pairs])
-    tgt_ids = tokenizer.encode([tgt for _, tgt in pairs])
-    kept = within_length(src_ids, tgt_ids, max_tokens, dropped)
-    return ParallelTokens(
-        TokenArray.from_lists([src_ids[i] for i in kept]),
-        TokenArray.from_lists([tgt_ids[i] for i in kept]),
+def binarize_split(
+    cfg: DataConfig,
+    split: str,
+    folder: Path,
+    tokenizers: Tokenizers,
+    dropped: Counter,
+    *,
+    small: bool,
+) -> int:
+    """Encode the split's cleaned text into the store (worker processes unless it is small)."""
+    workers = 1 if small else cfg.num_workers or os.cpu_count() or 1
+    text = [folder / f"{split}.clean.{side}" for side in ("src", "tgt")]
+    kept = binarize(
+        *text,
+        folder / split,
+        tokenizers,
+        max_tokens=cfg.max_tokens_per_sentence,
+        max_ratio=cfg.max_length_ratio,
+        dropped=dropped,
+        workers=workers,
+        chunk_lines=CHUNK_LINES,
     )
+    for path in text:
+        path.unlink()
+    if kept == 0:
+        reasons = ", ".join(
+            f"{count} pairs dropped as {reason}" for reason, count in dropped.items()
+        )
+        raise DataError(
+            f"the {split} split of {corpus_identity(cfg)} is empty after cleaning: {reasons} "
+            "(see data.max_tokens_per_sentence, data.max_length_ratio)"
+        )
+    return kept
+
+
+def train_tokenizers(
+    cfg: DataConfig, samples: tuple[Reservoir, Reservoir], folder: Path
+) -> Tokenizers:
+    """One SentencePiece model on both sides' sample (the paper's), or one per side."""
+    if cfg.shared_vocab:
+        log.info(
+            "training SentencePiece (BPE, %d pieces) on %d sentences",
+            cfg.vocab_size,
+            len(samples[0].items),
+        )
+        shared = train_tokenizer(samples[0].items, folder / SHARED_FILE, vocab_size=cfg.vocab_size)
+        return Tokenizers(shared, shared)
+    log.info(
+        "training source and target SentencePiece models (BPE, %d pieces each)", cfg.vocab_size
+    )
+    return Tokenizers(
+        train_tokenizer(samples[0].items, folder / SRC_FILE, vocab_size=cfg.vocab_size),
+        train_tokenizer(samples[1].items, folder / TGT_FILE, vocab_size=cfg.vocab_size),
+    )
+
+
+def write_clean_text(
+    cfg: DataConfig,
+    split: str,
+    folder: Path,
+    dropped: Counter,
+    samples: tuple[Reservoir, Reservoir] | None,
+) -> int:
+    """Stream one split through the text filters into two aligned files; feed the samples."""
+    count = 0
+    with (
+        open(folder / f"{split}.clean.src", "w", encoding="utf-8") as src_out,
+        open(folder / f"{split}.clean.tgt", "w", encoding="utf-8") as tgt_out,
+    ):
+        pairs = clean_text_pairs(
+            read_pairs(cfg, split, dropped),
+            dropped,
+            unicode_form=cfg.unicode_form,
+            dedupe=cfg.dedupe and split == "train",
+        )
+        for src, tgt in pairs:
+            src_out.write(single_line(src) + "\n")
+            tgt_out.write(single_line(tgt) + "\n")
+            if samples is not None:
+                samples[0].add(src)
+                samples[1].add(tgt)
+            count += 1
+    return count
+
+
+def single_line(text: str) -> str:
+    """Line breaks inside a sentence (possible in HF datasets) would misalign the text files."""
+    return text.replace("\n", " ").replace("\r", " ")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import sentencepiece as spm
@@ -12,6 +12,7 @@ import sentencepiece as spm
 from transformer_mt.errors import ConfigError, DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "spm.src.model", "spm.tgt.model"
 
 
 class Tokenizer:
@@ -36,37 +37,63 @@ class Tokenizer:
         return self.processor.decode(ids)
 
 
-def reservoir_sample(sentences: Iterable[str], size: int, seed: int) -> list[str]:
-    """A uniform sample of at most `size` sentences, in bounded memory."""
-    rng = random.Random(seed)
-    sample: list[str] = []
-    for seen, sentence in enumerate(sentences):
-        if seen < size:
-            sample.append(sentence)
+@dataclass(frozen=True)
+class Tokenizers:
+    """The source and target tokenizers: one shared model (the paper's) or one per side."""
+
+    src: Tokenizer
+    tgt: Tokenizer
+
+    @property
+    def shared(self) -> bool:
+        return self.src.path == self.tgt.path
+
+    @property
+    def files(self) -> list[Path]:
+        return [self.src.path] if self.shared else [self.src.path, self.tgt.path]
+
+
+def load_tokenizers(folder: Path) -> Tokenizers:
+    """The tokenizer files in a prepared folder or a run folder."""
+    if (folder / SHARED_FILE).is_file():
+        shared = Tokenizer(folder / SHARED_FILE)
+        return Tokenizers(shared, shared)
+    if (folder / SRC_FILE).is_file():
+        return Tokenizers(Tokenizer(folder / SRC_FILE), Tokenizer(folder / TGT_FILE))
+    raise DataError(
+        f"{folder}: no SentencePiece model ({SHARED_FILE}, or {SRC_FILE} and {TGT_FILE})"
+    )
+
+
+class Reservoir:
+    """A uniform random sample of at most `size` items from a stream, in bounded memory."""
+
+    def __init__(self, size: int, seed: int):
+        self.size, self.seen, self.items = size, 0, []
+        self.rng = random.Random(seed)
+
+    def add(self, item: str) -> None:
+        if self.seen < self.size:
+            self.items.append(item)
         else:
-            slot = rng.randint(0, seen)
-            if slot < size:
-                sample[slot] = sentence
-    return sample
+            slot = self.rng.randint(0, self.seen)
+            if slot < self.size:
+                self.items[slot] = item
+        self.seen += 1
 
 
 def train_tokenizer(
-    sentences: Iterable[str],
-    model_path: str | os.PathLike,
-    *,
-    vocab_size: int,
-    sample_size: int,
-    seed: int = 1,
+    sentences: list[str], model_path: str | os.PathLike, *, vocab_size: int
 ) -> Tokenizer:
-    """Train BPE on a sample of `sentences` (source and target mixed); save it to model_path."""
-    sample = reservoir_sample((s for s in sentences if s.strip()), sample_size, seed)
-    if not sample:
+    """Train BPE on `sentences` (source and target mixed, already sampled); save to model_path."""
+    sentences = [s for s in sentences if s.strip()]
+    if not sentences:
         raise DataError("cannot train SentencePiece: no non-empty training sentences")
     model_path = Path(model_path)
     model_path.parent.mkdir(parents=True, exist_ok=True)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sample),
+            sentence_iterator=iter(sentences),
             model_prefix=str(model_path.with_suffix("")),
             vocab_size=vocab_size,
             model_type="bpe",

@@ -45,6 +45,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+TOY_VERSION = 1
+"""Bump when the generator's output changes, so prepared caches are rebuilt."""
+
 # ---------------------------------------------------------------------------------------
 # Lexicon.  Nouns: "english[/plural] gender Singular Plural [w]" (w: weak masculine noun,
 # whose accusative and dative singular equal its plural: den Jungen, dem Löwen).

@@ -20,7 +20,7 @@ from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: list[int]  # without BOS and EOS
-    score: float  # length-penalised sum of log-probabilities
+    score: float  # beam search: length-penalised sum of log-probabilities; greedy: the plain sum
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -30,7 +30,8 @@ def length_penalty(length: int, alpha: float) -> float:
 
 def max_lengths(src_keep: Tensor, max_len_a: float, max_len_b: int, limit: int) -> Tensor:
     """Output limit per sentence, EOS included: a * source length + b, at most `limit`."""
-    return (max_len_a * src_keep.sum(dim=1) + max_len_b).long().clamp(max=limit)  # (B,)
+    source_lengths = src_keep.sum(dim=1) - 1  # sources end with EOS, which is not counted
+    return (max_len_a * source_lengths + max_len_b).long().clamp(max=limit)  # (B,)
 
 
 def next_log_probs(

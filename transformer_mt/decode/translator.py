@@ -9,27 +9,47 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from transformer_mt.config import DecodeConfig, ModelConfig, Strategy
+from transformer_mt.config import (
+    DecodeConfig,
+    ModelConfig,
+    Strategy,
+    run_data_config,
+    validate_decode,
+)
 from transformer_mt.data.batching import pad_sequences
-from transformer_mt.data.prepare import TOKENIZER_FILE
-from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.data.clean import normalise
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers, load_tokenizers
 from transformer_mt.decode.search import beam_search, greedy_search
+from transformer_mt.device import resolve_device
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
 from transformer_mt.train.checkpoint import load_checkpoint, resolve_checkpoint
-from transformer_mt.train.trainer import resolve_device
 
 log = logging.getLogger(__name__)
 
 
-def model_from_checkpoint(state: dict, path: Path) -> Transformer:
+def model_from_checkpoint(state: dict, path: Path, tokenizers: Tokenizers) -> Transformer:
+    """The checkpoint's model, checked against the run folder's tokenizers."""
     try:
         model_cfg = OmegaConf.to_object(
             OmegaConf.merge(OmegaConf.structured(ModelConfig), state["model_config"])
         )
     except Exception as error:
         raise CheckpointError(f"{path}: model configuration is not valid ({error})") from None
-    model = Transformer(model_cfg, vocab_size=int(state["vocab_size"]), pad_id=0)
+    src_vocab_size = state.get("src_vocab_size")
+    recorded = (
+        f"{'shared' if src_vocab_size is None else 'separate'}, {state['vocab_size']} target pieces"
+    )
+    mode = "shared" if tokenizers.shared else "separate"
+    beside = f"{mode}, {tokenizers.tgt.vocab_size} target pieces"
+    if recorded != beside:
+        raise CheckpointError(
+            f"{path}: the checkpoint's vocabulary ({recorded}) does not match the "
+            f"tokenizer files in its run folder ({beside})"
+        )
+    model = Transformer(
+        model_cfg, vocab_size=int(state["vocab_size"]), src_vocab_size=src_vocab_size, pad_id=PAD_ID
+    )
     try:
         model.load_state_dict(state["model"])
     except RuntimeError as error:
@@ -43,10 +63,19 @@ class Translator:
     """Translate lists of sentences with a trained model."""
 
     def __init__(
-        self, model: Transformer, tokenizer: Tokenizer, decode: DecodeConfig, device: torch.device
+        self,
+        model: Transformer,
+        tokenizers: Tokenizers,
+        decode: DecodeConfig,
+        device: torch.device,
+        *,
+        unicode_form: str | None = "NFC",
     ):
+        """unicode_form: the normalisation the training data had (data.unicode_form)."""
+        validate_decode(decode)
         self.model = model.to(device).eval()
-        self.tokenizer, self.decode, self.device = tokenizer, decode, device
+        self.tokenizers, self.decode, self.device = tokenizers, decode, device
+        self.unicode_form = unicode_form
         self.max_source_tokens = model.positions.shape[0] - 1  # room for EOS
 
     @classmethod
@@ -58,38 +87,43 @@ class Translator:
         decode: DecodeConfig | None = None,
         device: str = "auto",
     ) -> Translator:
-        """Everything comes from the run folder: tokenizer, model configuration and weights."""
+        """Everything comes from the run folder: tokenizers, model configuration and weights."""
         run_dir = Path(run_dir)
         path = resolve_checkpoint(run_dir, checkpoint)
         state = load_checkpoint(path)
-        tokenizer = Tokenizer(run_dir / TOKENIZER_FILE)
+        tokenizers = load_tokenizers(run_dir)
+        model = model_from_checkpoint(state, path, tokenizers)
+        unicode_form = run_data_config(run_dir).unicode_form
         return cls(
-            model_from_checkpoint(state, path),
-            tokenizer,
+            model,
+            tokenizers,
             decode or DecodeConfig(),
             resolve_device(device),
+            unicode_form=unicode_form,
         )
 
     def translate(self, sentences: list[str]) -> list[str]:
         """One translation per input sentence, in input order; an empty line gives an empty line."""
-        ids = self.tokenizer.encode([s.strip() for s in sentences])
+        ids = self.tokenizers.src.encode(
+            [normalise(s.strip(), self.unicode_form) for s in sentences]
+        )
         outputs: list[list[int]] = [[] for _ in sentences]
         for batch in self.batches(ids):
             for index, hypothesis in zip(batch, self.search([ids[i] for i in batch]), strict=True):
                 outputs[index] = hypothesis
-        return self.tokenizer.decode(outputs)
+        return self.tokenizers.tgt.decode(outputs)
 
     def batches(self, ids: list[list[int]]) -> list[list[int]]:
         """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens."""
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
         batches, current, longest = [], [], 0
         for index in order:
-            longest_if_added = max(longest, min(len(ids[index]), self.max_source_tokens) + 1)
-            if current and longest_if_added * (len(current) + 1) > self.decode.batch_tokens:
+            width = min(len(ids[index]), self.max_source_tokens) + 1
+            if current and max(longest, width) * (len(current) + 1) > self.decode.batch_tokens:
                 batches.append(current)
-                current, longest_if_added = [], min(len(ids[index]), self.max_source_tokens) + 1
+                current, longest = [], 0
             current.append(index)
-            longest = longest_if_added
+            longest = max(longest, width)
         if current:
             batches.append(current)
         return batches
@@ -102,28 +136,19 @@ class Translator:
             )
         src = pad_sequences(
             [np.asarray(s[: self.max_source_tokens], dtype=np.int64) for s in sources],
-            self.tokenizer.pad_id,
-            suffix=self.tokenizer.eos_id,
+            PAD_ID,
+            suffix=EOS_ID,
         ).to(self.device)
-        cfg, tok = self.decode, self.tokenizer
+        cfg = self.decode
+        limits = {
+            "max_len_a": cfg.max_len_a,
+            "max_len_b": cfg.max_len_b,
+            "bos_id": BOS_ID,
+            "eos_id": EOS_ID,
+        }
         if cfg.strategy == Strategy.greedy:
-            hyps = greedy_search(
-                self.model,
-                src,
-                bos_id=tok.bos_id,
-                eos_id=tok.eos_id,
-                max_len_a=cfg.max_len_a,
-                max_len_b=cfg.max_len_b,
-            )
-            return [h.tokens for h in hyps]
+            return [h.tokens for h in greedy_search(self.model, src, **limits)]
         nbest = beam_search(
-            self.model,
-            src,
-            beam_size=cfg.beam_size,
-            bos_id=tok.bos_id,
-            eos_id=tok.eos_id,
-            alpha=cfg.length_penalty,
-            max_len_a=cfg.max_len_a,
-            max_len_b=cfg.max_len_b,
+            self.model, src, beam_size=cfg.beam_size, alpha=cfg.length_penalty, **limits
         )
         return [hyps[0].tokens for hyps in nbest]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,27 +14,18 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt.config import TrainJob, validate_train
-from transformer_mt.data.batching import Batch, collate, token_batches
+from transformer_mt.data.batching import Batch, BatchDataset, collate, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.device import autocast_for, resolve_device
+from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.train.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import paper_schedule
 
 log = logging.getLogger(__name__)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def autocast_for(device: torch.device, precision: str):
-    """bf16 autocast on GPU by default; fp32 on CPU unless bf16 is asked for."""
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
 
 
 def config_dict(cfg) -> dict:
@@ -57,11 +47,13 @@ class Trainer:
     def __init__(self, cfg: TrainJob, data: PreparedData, device: torch.device):
         self.cfg, self.data, self.device = cfg, data, device
         self.run_dir = Path(cfg.run_dir)
-        tokenizer = data.tokenizer
-        self.pad_id, self.bos_id, self.eos_id = tokenizer.pad_id, tokenizer.bos_id, tokenizer.eos_id
-        self.model = Transformer(cfg.model, vocab_size=tokenizer.vocab_size, pad_id=self.pad_id).to(
-            device
-        )
+        tokenizers = data.tokenizers
+        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
+        self.vocab_sizes = {
+            "vocab_size": tokenizers.tgt.vocab_size,
+            "src_vocab_size": None if tokenizers.shared else tokenizers.src.vocab_size,
+        }
+        self.model = Transformer(cfg.model, pad_id=PAD_ID, **self.vocab_sizes).to(device)
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=1.0,
@@ -87,18 +79,34 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "model_config": config_dict(self.cfg.model),
-            "vocab_size": self.data.tokenizer.vocab_size,
+            **self.vocab_sizes,
+            "data_folder": self.data.folder.name,
             "step": self.progress.step,
             "progress": vars(self.progress).copy(),
             "rng_cpu": torch.get_rng_state(),
+            "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+    def load_state_dict(self, state: dict, path: Path) -> None:
+        if state.get("data_folder") != self.data.folder.name:
+            raise CheckpointError(
+                f"{path} was trained on prepared data {state.get('data_folder')}, but this "
+                f"configuration prepares {self.data.folder.name} (a data or tokenizer setting, or "
+                "the corpus, changed): use a new run_dir, or restore the original settings"
+            )
+        try:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError) as error:
+            raise CheckpointError(
+                f"{path} does not fit this configuration's model (was model.* changed?): {error}. "
+                "Use a new run_dir, or restore the original settings"
+            ) from None
         self.scheduler.load_state_dict(state["scheduler"])
         self.progress = Progress(**state["progress"])
         torch.set_rng_state(state["rng_cpu"])
+        if state["rng_cuda"] and self.device.type == "cuda":
+            torch.cuda.set_rng_state_all(state["rng_cuda"])
 
     def save(self) -> Path:
         state = self.state_dict()
@@ -111,7 +119,8 @@ class Trainer:
     def resume_if_possible(self) -> None:
         last = self.checkpoint_dir / "last.pt"
         if last.is_file():
-            self.load_state_dict(load_checkpoint(last, self.device))
+            # Loaded on the CPU: RNG states must stay there; the optimizer moves its own state.
+            self.load_state_dict(load_checkpoint(last, "cpu"), last)
             log.info("resumed from %s at update %d", last, self.progress.step)
 
     # ---- loop --------------------------------------------------------------------------------
@@ -125,30 +134,42 @@ class Trainer:
             return f"reached trainer.max_time_minutes={trainer.max_time_minutes}"
         return None
 
-    def epoch_batches(self) -> list:
-        train = self.data.train
-        return token_batches(
+    def epoch_loader(self) -> torch.utils.data.DataLoader:
+        """This epoch's batches from the saved position on, collated in background processes."""
+        train, trainer = self.data.train, self.cfg.trainer
+        batches = token_batches(
             train.src.lengths,
             train.tgt.lengths,
-            self.cfg.trainer.batch_tokens,
-            seed=self.cfg.trainer.seed,
+            trainer.batch_tokens,
+            seed=trainer.seed,
             epoch=self.progress.epoch,
+        )
+        dataset = BatchDataset(
+            self.data.folder,
+            "train",
+            batches,
+            pad_id=self.pad_id,
+            bos_id=self.bos_id,
+            eos_id=self.eos_id,
+        )
+        return torch.utils.data.DataLoader(
+            dataset,
+            batch_size=None,
+            sampler=range(self.progress.batch_in_epoch, len(batches)),
+            num_workers=trainer.loader_workers,
+            pin_memory=self.device.type == "cuda",
+            prefetch_factor=4 if trainer.loader_workers else None,
+            # Its own generator: the loader must not draw from the global RNG that dropout uses,
+            # or a resumed run would get different dropout masks from an uninterrupted one.
+            generator=torch.Generator().manual_seed(trainer.seed + self.progress.epoch),
         )
 
     def micro_batches(self):
         """Endless (epoch-advancing) stream of collated batches, starting at the saved position."""
         while True:
-            batches = self.epoch_batches()
-            while self.progress.batch_in_epoch < len(batches):
-                indices = batches[self.progress.batch_in_epoch]
+            for batch in self.epoch_loader():
                 self.progress.batch_in_epoch += 1
-                yield collate(
-                    self.data.train,
-                    indices,
-                    pad_id=self.pad_id,
-                    bos_id=self.bos_id,
-                    eos_id=self.eos_id,
-                )
+                yield batch
             self.progress.epoch += 1
             self.progress.batch_in_epoch = 0
             if self.should_stop():
@@ -263,6 +284,14 @@ class Trainer:
             dynamic_ncols=True,
         )
         stream = self.micro_batches()
+        try:
+            return self.run_updates(stream, bar)
+        finally:
+            stream.close()  # ends the DataLoader's worker processes
+            bar.close()
+
+    def run_updates(self, stream, bar) -> str:
+        trainer = self.cfg.trainer
         window, window_start = [], time.perf_counter()
         reason = self.should_stop()
         while reason is None:
@@ -283,7 +312,6 @@ class Trainer:
             if trainer.checkpoint_every and step % trainer.checkpoint_every == 0:
                 self.save()
             reason = self.should_stop()
-        bar.close()
         return reason
 
 
@@ -292,12 +320,17 @@ def train(cfg: TrainJob) -> Path:
     validate_train(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    # Absolute paths, so that eval and translate find the corpus from any working directory.
+    cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
+    if cfg.data.dir is not None:
+        cfg.data.dir = str(Path(cfg.data.dir).resolve())
+    config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    (run_dir / "config.yaml").write_text(config_yaml, encoding="utf-8")
     torch.manual_seed(cfg.trainer.seed)
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     device = resolve_device(cfg.trainer.device)
-    data = prepare(cfg.data, run_dir, seed=cfg.trainer.seed)
+    data = prepare(cfg.data, run_dir)
     trainer = Trainer(cfg, data, device)
     log.info(
         "model: %s parameters (%s) on %s",

@@ -1,0 +1,168 @@
+"""The prepared-data cache: reused if nothing changed, rebuilt if anything did, never half-built."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from transformer_mt.config import DataConfig, SourceKind
+from transformer_mt.data import prepare as prepare_module
+from transformer_mt.data.prepare import prepare
+from transformer_mt.data.toy import toy_pairs
+from transformer_mt.errors import DataError
+
+
+def write_corpus(folder, pairs, split="train"):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{split}.en").write_text("".join(en + "\n" for en, _ in pairs), encoding="utf-8")
+    (folder / f"{split}.de").write_text("".join(de + "\n" for _, de in pairs), encoding="utf-8")
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    pairs = toy_pairs(400, seed=5)
+    write_corpus(tmp_path / "corpus", pairs[:360])
+    write_corpus(tmp_path / "corpus", pairs[360:], "valid")
+    return tmp_path / "corpus"
+
+
+def config(tmp_path, corpus, **overrides) -> DataConfig:
+    settings = dict(
+        name="c",
+        source=SourceKind.files,
+        dir=str(corpus),
+        src_lang="en",
+        tgt_lang="de",
+        vocab_size=200,
+        prepared_dir=str(tmp_path / "prepared"),
+    )
+    return DataConfig(**{**settings, **overrides})
+
+
+def test_reused_when_nothing_changed(tmp_path, corpus):
+    first = prepare(config(tmp_path, corpus), tmp_path / "run1")
+    stamp = (first.folder / "stats.json").stat().st_mtime_ns
+    second = prepare(config(tmp_path, corpus, num_workers=3), tmp_path / "run2")
+    assert second.folder == first.folder
+    assert (second.folder / "stats.json").stat().st_mtime_ns == stamp
+    assert (tmp_path / "run2" / "spm.model").read_bytes() == (
+        first.folder / "spm.model"
+    ).read_bytes()
+
+
+@pytest.mark.parametrize(
+    "change", ["vocab_size", "max_length_ratio", "dedupe", "unicode_form", "file"]
+)
+def test_rebuilt_when_an_input_or_setting_changed(tmp_path, corpus, change):
+    first = prepare(config(tmp_path, corpus), tmp_path / "run").folder
+    overrides = {
+        "vocab_size": {"vocab_size": 190},
+        "max_length_ratio": {"max_length_ratio": 2.0},
+        "dedupe": {"dedupe": True},
+        "unicode_form": {"unicode_form": "NFKC"},
+    }.get(change, {})
+    if change == "file":
+        with open(corpus / "train.en", "a", encoding="utf-8") as handle:
+            handle.write("One more line.\n")
+        with open(corpus / "train.de", "a", encoding="utf-8") as handle:
+            handle.write("Eine Zeile mehr.\n")
+    second = prepare(config(tmp_path, corpus, **overrides), tmp_path / "run2").folder
+    assert second != first and (second / "stats.json").is_file()
+    with pytest.raises(
+        DataError, match="use a new run_dir"
+    ):  # a run keeps the data it started with
+        prepare(config(tmp_path, corpus, **overrides), tmp_path / "run")
+
+
+def test_interrupted_build_leaves_no_usable_cache(tmp_path, corpus, monkeypatch):
+    cfg = config(tmp_path, corpus)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(prepare_module, "binarize", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg, tmp_path / "run")
+    assert list((tmp_path / "prepared").iterdir()) == []
+    monkeypatch.undo()
+    # A build killed outright (SIGKILL: no cleanup ran) leaves only a temporary folder behind,
+    # which is never taken for a finished one.
+    stale = tmp_path / "prepared" / f".c-{prepare_module.fingerprint(cfg)}.tmp-999999"
+    stale.mkdir()
+    (stale / "train.src.bin").write_bytes(b"half")
+    data = prepare(cfg, tmp_path / "run")
+    assert data.folder.name == f"c-{prepare_module.fingerprint(cfg)}" and len(data.train) == 360
+    assert not stale.exists()  # its process is gone, so its folder was removed
+
+
+def test_stats_count_every_dropped_pair(tmp_path):
+    pairs = [
+        ("A dog.", "Ein Hund."),
+        ("", "Leer."),
+        ("A dog.", "Ein Hund."),
+        ("Cat.", "x " * 60),
+        ("Ok.", "Gut."),
+    ]
+    folder = tmp_path / "corpus"
+    write_corpus(folder, pairs * 30 + toy_pairs(100, seed=4))
+    write_corpus(folder, pairs[:1], "valid")
+    data = prepare(config(tmp_path, folder, dedupe=True, max_length_ratio=5.0), tmp_path / "run")
+    stats = json.loads((data.folder / "stats.json").read_text())["splits"]["train"]
+    # 150 lines: 30 empty; of the 120 others only 3 are distinct; "x x x ..." is 60 pieces to 2
+    assert stats["dropped"] == {"empty": 30, "duplicate": 117, "length_ratio": 1}
+    assert stats["kept"] == len(data.train) == 2 + 100
+
+
+def test_uint16_store_for_small_vocabularies(tmp_path, corpus):
+    data = prepare(config(tmp_path, corpus), tmp_path / "run")
+    assert data.train.src.tokens.dtype == np.uint16
+
+
+def test_corpus_empty_after_cleaning_says_which_filters(tmp_path):
+    folder = tmp_path / "corpus"
+    write_corpus(folder, [(" ".join([en] * 6), "Ja.") for en, _ in toy_pairs(100, seed=6)])
+    write_corpus(folder, [("a", "b")], "valid")
+    with pytest.raises(
+        DataError, match="train split .* empty after cleaning: .*pairs dropped as length_ratio"
+    ):
+        prepare(config(tmp_path, folder), tmp_path / "run")
+
+
+def test_invalid_utf8_can_be_replaced_and_counted(tmp_path):
+    folder = tmp_path / "corpus"
+    write_corpus(folder, toy_pairs(200, seed=2))
+    write_corpus(folder, toy_pairs(5, seed=3), "valid")
+    raw = (folder / "train.en").read_bytes().split(b"\n")
+    raw[3] = raw[3] + b" \xff"
+    (folder / "train.en").write_bytes(b"\n".join(raw))
+    with pytest.raises(DataError, match=r"train\.en:4: not valid UTF-8"):
+        prepare(config(tmp_path, folder), tmp_path / "run")
+    data = prepare(config(tmp_path, folder, invalid_utf8="replace"), tmp_path / "run2")
+    stats = json.loads((data.folder / "stats.json").read_text())["splits"]["train"]
+    assert stats["dropped"]["invalid_utf8_replaced"] == 1
+    assert len(data.train) == 200
+
+
+def test_worker_processes_give_the_same_store_as_one_process(tmp_path, corpus, monkeypatch):
+    monkeypatch.setattr(prepare_module, "CHUNK_LINES", 50)  # several chunks, and not "small"
+    one = prepare(
+        config(tmp_path, corpus, prepared_dir=str(tmp_path / "p1"), num_workers=1), tmp_path / "r1"
+    )
+    two = prepare(
+        config(tmp_path, corpus, prepared_dir=str(tmp_path / "p2"), num_workers=2), tmp_path / "r2"
+    )
+    for side in ("src", "tgt"):
+        for field in ("tokens", "offsets"):
+            assert np.array_equal(
+                getattr(getattr(one.train, side), field), getattr(getattr(two.train, side), field)
+            )
+    assert os.path.basename(one.folder) == os.path.basename(two.folder)
+
+
+def test_truncated_store_is_refused_with_its_name(tmp_path, corpus):
+    folder = prepare(config(tmp_path, corpus), tmp_path / "run").folder
+    data = (folder / "train.src.bin").read_bytes()
+    (folder / "train.src.bin").write_bytes(data[:-10])
+    with pytest.raises(DataError, match="train.src.bin: .* do not match its index"):
+        prepare(config(tmp_path, corpus), tmp_path / "run")
