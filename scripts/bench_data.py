@@ -154,11 +154,23 @@ def padding_share(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
     return 1 - real / padded
 
 
+def memory_mb() -> dict[str, int]:
+    with open(f"/proc/{os.getpid()}/status") as status:
+        keys = ("VmRSS", "RssAnon", "RssFile")
+        return {
+            line.split(":")[0]: int(line.split()[1]) // 1024
+            for line in status
+            if line.startswith(keys)
+        }
+
+
 def rank_reader(folder: str, rank: int, world_size: int, results: dict) -> None:
-    """One data-parallel rank: open the store, walk all its batches touching every token."""
+    """One data-parallel rank: open the store, walk all its batches touching every token; report
+    its memory before opening the store (interpreter and libraries) and after the walk."""
     from transformer_mt.data.batching import collate
     from transformer_mt.data.store import ParallelTokens
 
+    before = memory_mb()
     data = ParallelTokens.load(Path(folder), "train")
     batches = token_batches(
         data.src.lengths,
@@ -171,13 +183,7 @@ def rank_reader(folder: str, rank: int, world_size: int, results: dict) -> None:
     )
     for indices in batches:
         collate(data, indices, pad_id=0, bos_id=2, eos_id=3)
-    with open(f"/proc/{os.getpid()}/status") as status:
-        fields = {
-            line.split(":")[0]: int(line.split()[1]) // 1024
-            for line in status
-            if line.startswith(("VmRSS", "RssAnon", "RssFile"))
-        }
-    results[rank] = fields
+    results[rank] = {"before": before, "after": memory_mb(), "batches": len(batches)}
 
 
 def main() -> None:
@@ -193,7 +199,11 @@ def main() -> None:
     parser.add_argument(
         "--workdir", default=None, help="where corpora are written (default: a temp dir)"
     )
+    parser.add_argument("--child-prepare", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child_prepare:
+        child_prepare(*args.child_prepare)
+        return
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_data_"))
     print(f"machine: {os.cpu_count()} CPU cores; workdir {workdir}")
     prepared = {}
@@ -264,11 +274,14 @@ def main() -> None:
     for process in ranks:
         process.join()
     for rank in sorted(results.keys()):
-        fields = results[rank]
+        before, after = results[rank]["before"], results[rank]["after"]
         print(
-            f"rank {rank} of 2 reading the {args.sizes[0]:,}-pair store: "
-            f"RSS {fields['VmRSS']:,} MB "
-            f"= {fields['RssAnon']:,} MB private + {fields['RssFile']:,} MB shared file pages"
+            f"rank {rank} of 2 walking its {results[rank]['batches']:,} batches of the "
+            f"{args.sizes[0]:,}-pair store: RSS {before['VmRSS']:,} MB before opening it, "
+            f"{after['VmRSS']:,} MB after = {after['RssAnon']:,} MB private "
+            f"(+{after['RssAnon'] - before['RssAnon']:,} MB for the data) "
+            f"+ {after['RssFile']:,} MB "
+            "shared file pages (the page cache, one copy for both ranks)"
         )
 
 

@@ -1,8 +1,8 @@
 """Training throughput of our Transformer: target tokens/s, GFLOP/s and peak memory.
 
-    make bench                                  # model=small on the toy corpus, 2 threads
+    make bench                                  # model=small, Multi30k de->en batches, 2 threads
     make bench ARGS="--model base --steps 3"    # any preset from configs/model
-    make bench ARGS="--data ../shared/data/multi30k"   # Multi30k de->en batches instead
+    make bench ARGS="--data toy --vocab 2000"   # the embedded toy corpus instead
 
 The FLOP count is the usual matmul estimate: 6 x (multiply-adds per token) for forward + backward,
 summed over the encoder on source tokens, the decoder and output projection on target tokens, and
@@ -46,7 +46,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
-        "--data", default=None, help="folder with train.de / train.en (Multi30k layout)"
+        "--data",
+        default="../shared/data/multi30k",
+        help="folder with train.de / train.en (Multi30k layout); 'toy' for the embedded corpus",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -57,8 +59,10 @@ def main() -> None:
             f"data.vocab_size={args.vocab}",
             f"trainer.batch_tokens={args.batch_tokens}",
             "trainer.progress_bar=false",
+            f"data.prepared_dir={run_dir}/prepared",
         ]
-        overrides += ["data=multi30k_de_en", f"data.dir={args.data}"] if args.data else ["data=toy"]
+        toy = args.data == "toy"
+        overrides += ["data=toy"] if toy else ["data=multi30k_de_en", f"data.dir={args.data}"]
         job = compose_job("train", overrides)
         data = prepare(job.data, Path(run_dir))
         trainer = Trainer(job, data, torch.device("cpu"))
@@ -84,7 +88,7 @@ def main() -> None:
     print(
         f"model={args.model} vocab={tok.vocab_size} batch_tokens={args.batch_tokens} "
         f"threads={args.threads} "
-        f"data={'multi30k ' + args.data if args.data else 'toy'}"
+        f"data={args.data}"
     )
     print(
         f"  {len(batches) - 2} steps in {seconds:.1f} s: {tokens / seconds:,.0f} target tokens/s, "
