@@ -23,12 +23,14 @@ endif
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
 
+# Set-up messages go to stderr, so that `make translate < in > out` writes translations only.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)"
-	$(BIN)/pip install --quiet -e ".[dev]"
-	touch $(STAMP)
+	@echo "setting up $(VENV) (torch $(TORCH_VERSION), $(if $(TORCH_INDEX),CPU build,CUDA build))" >&2
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
+	@$(BIN)/pip install --quiet --upgrade pip >&2
+	@$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)" >&2
+	@$(BIN)/pip install --quiet -e ".[dev]" >&2
+	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv with torch (CPU or CUDA build) and the package
 
@@ -46,7 +48,7 @@ eval: $(STAMP) ## translate the test split of RUN with beam search and score it 
 	$(BIN)/tmt-eval run_dir=$(RUN) $(ARGS)
 
 translate: $(STAMP) ## translate lines from stdin to stdout with the model in RUN
-	$(BIN)/tmt-translate run_dir=$(RUN) $(ARGS)
+	@$(BIN)/tmt-translate run_dir=$(RUN) $(ARGS)
 
 test: $(STAMP) ## run the test suite
 	$(BIN)/pytest -q --durations=8 $(ARGS)
