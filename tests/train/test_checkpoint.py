@@ -67,3 +67,15 @@ def test_prune_keeps_newest(tmp_path):
         (tmp_path / f"step_{step}.pt").write_bytes(b"x")
     prune_step_checkpoints(tmp_path, keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_15.pt", "step_20.pt"]
+
+
+def test_publish_as_gives_a_second_name_to_the_same_checkpoint(tmp_path):
+    from transformer_mt.train.checkpoint import publish_as
+
+    save_checkpoint(STATE, tmp_path / "step_7.pt")
+    save_checkpoint({**STATE, "step": 3}, tmp_path / "last.pt")
+    publish_as(tmp_path / "step_7.pt", tmp_path / "last.pt")
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 7
+    (tmp_path / "step_7.pt").unlink()  # pruning a step file keeps last.pt intact
+    assert load_checkpoint(tmp_path / "last.pt")["step"] == 7
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,18 @@ def save_checkpoint(state: dict[str, Any], path: Path) -> None:
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def publish_as(source: Path, target: Path) -> None:
+    """Make `target` the same file as `source` atomically (a hard link, or a copy where links
+    are not supported), so a checkpoint is serialised once however many names it has."""
+    temporary = target.with_name(f".{target.name}.tmp")
+    temporary.unlink(missing_ok=True)
+    try:
+        os.link(source, temporary)
+    except OSError:
+        shutil.copyfile(source, temporary)
+    os.replace(temporary, target)
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

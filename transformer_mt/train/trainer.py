@@ -21,7 +21,12 @@ from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.device import autocast_for, resolve_device
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer, count_parameters
-from transformer_mt.train.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
+from transformer_mt.train.checkpoint import (
+    load_checkpoint,
+    prune_step_checkpoints,
+    publish_as,
+    save_checkpoint,
+)
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import paper_schedule
 
@@ -112,7 +117,7 @@ class Trainer:
         state = self.state_dict()
         step_path = self.checkpoint_dir / f"step_{self.progress.step}.pt"
         save_checkpoint(state, step_path)
-        save_checkpoint(state, self.checkpoint_dir / "last.pt")
+        publish_as(step_path, self.checkpoint_dir / "last.pt")
         prune_step_checkpoints(self.checkpoint_dir, self.cfg.trainer.keep_checkpoints)
         return step_path
 
@@ -312,6 +317,8 @@ class Trainer:
             if trainer.checkpoint_every and step % trainer.checkpoint_every == 0:
                 self.save()
             reason = self.should_stop()
+        if window:  # the last, partial logging window
+            self.log_train(window, time.perf_counter() - window_start, bar)
         return reason
 
 
