@@ -24,6 +24,12 @@ register_configs()
 
 
 def run_reporting_errors(task: Callable[[], None]) -> None:
+    if not logging.getLogger().handlers:  # eval / translate: Hydra's logging is off, log to stderr
+        logging.basicConfig(
+            level=logging.INFO,
+            stream=sys.stderr,
+            format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s",
+        )
     try:
         with logging_redirect_tqdm():
             task()

@@ -82,8 +82,8 @@ class DataConfig:
     'replace' substitutes U+FFFD and counts the lines."""
     prepared_dir: str = "prepared"
     """Cache of prepared corpora, one folder per hash of everything that produced it."""
-    num_workers: int = 0
-    """Processes that encode and binarize (0: one per CPU core)."""
+    num_workers: int | None = None
+    """Processes that encode and binarize (null: one per CPU core this process may use)."""
 
 
 @dataclass(kw_only=True)
@@ -319,7 +319,11 @@ def validate_data(data: DataConfig) -> None:
         "data.spm_sample_sentences",
         f"must be positive, got {data.spm_sample_sentences}",
     )
-    _require(data.num_workers >= 0, "data.num_workers", f"must be >= 0, got {data.num_workers}")
+    _require(
+        data.num_workers is None or data.num_workers >= 1,
+        "data.num_workers",
+        f"must be >= 1 or null, got {data.num_workers}",
+    )
     if data.source == SourceKind.files:
         _require(data.dir is not None, "data.dir", "is required when data.source=files")
     if data.source == SourceKind.toy:

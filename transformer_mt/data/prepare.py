@@ -187,7 +187,7 @@ def binarize_split(
     small: bool,
 ) -> int:
     """Encode the split's cleaned text into the store (worker processes unless it is small)."""
-    workers = 1 if small else cfg.num_workers or os.cpu_count() or 1
+    workers = 1 if small else cfg.num_workers or len(os.sched_getaffinity(0))
     text = [folder / f"{split}.clean.{side}" for side in ("src", "tgt")]
     kept = binarize(
         *text,

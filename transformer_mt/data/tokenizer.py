@@ -1,4 +1,5 @@
-"""One SentencePiece model shared by source and target: train, load, encode, decode."""
+"""SentencePiece: one model shared by source and target (the paper's), or one per side;
+train, load, encode, decode."""
 
 from __future__ import annotations
 
@@ -102,7 +103,7 @@ def train_tokenizer(
             unk_id=UNK_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
-            num_threads=max(1, os.cpu_count() or 1),
+            num_threads=len(os.sched_getaffinity(0)),
             minloglevel=2,
         )
     except RuntimeError as error:
