@@ -1,4 +1,4 @@
-"""Corpus -> prepared folder: cleaned, tokenized with one shared SentencePiece model, binarized.
+"""Corpus -> prepared folder: cleaned, tokenized with SentencePiece, binarized.
 
 The folder is named by a hash of everything that produced it (the corpus's identity and version,
 the cleaning settings, the tokenizer settings, this format's version), so it is reused when
@@ -51,15 +51,15 @@ class PreparedData:
 def fingerprint(cfg: DataConfig) -> str:
     """Hash of every input and setting that determines the prepared data."""
     settings = asdict(cfg)
-    for key in ("name", "prepared_dir", "num_workers", "test_split", "hf_path"):
-        settings.pop(key)  # names, places and speed knobs do not change the result
+    for key in ("name", "prepared_dir", "num_workers", "test_split", "hf_path", "dir"):
+        settings.pop(key)  # names, places and speed knobs; source_version identifies the corpus
     settings.update(format=FORMAT_VERSION, source_version=source_version(cfg))
     blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def prepare(cfg: DataConfig, run_dir: Path) -> PreparedData:
-    """The prepared corpus (built if needed); the run folder gets a copy of the tokenizer model."""
+    """The prepared corpus (built if needed); the run folder gets copies of its tokenizers."""
     folder = Path(cfg.prepared_dir) / f"{cfg.name}-{fingerprint(cfg)}"
     refuse_other_data(run_dir, folder)
     if (folder / STATS_FILE).is_file():
