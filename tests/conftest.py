@@ -20,8 +20,10 @@ TINY_TRAIN = [
     "optim.warmup_steps=30",
     "optim.lr_scale=2.0",
     "trainer.batch_tokens=1500",
+    "trainer.global_batch_tokens=1333",  # one 1,500-token batch: 89% of it is target tokens
     "trainer.max_steps=200",
     "trainer.valid_every=100",
+    "trainer.valid_bleu_sentences=8",
     "trainer.checkpoint_every=100",
     "trainer.log_every=20",
     "trainer.progress_bar=false",
@@ -37,3 +39,9 @@ def tiny_train_job(tmp_path):
         return compose_job("train", [*TINY_TRAIN, *overrides, *extra])
 
     return make
+
+
+@pytest.fixture
+def tiny_overrides() -> list[str]:
+    """TINY_TRAIN as command-line overrides (for runs through the CLI or torchrun)."""
+    return list(TINY_TRAIN)

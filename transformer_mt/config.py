@@ -134,12 +134,14 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class TrainerConfig:
-    """The training loop: batching, stopping, logging, checkpoints."""
+    """The training loop: batch semantics, stopping, validation, checkpoints, logging."""
 
+    global_batch_tokens: int = 25000
+    """Target tokens in one update, summed over all ranks and micro-batches (the paper: about
+    25,000). Gradient accumulation and the micro-batch size are derived from it."""
     batch_tokens: int = 25000
-    """Token budget of one micro-batch (source or target side, padding included)."""
-    accumulate: int = 1
-    """Micro-batches summed into one update."""
+    """Most tokens one device processes at once (padded size of the longer side): a memory
+    bound. With N ranks, micro-batches hold about global_batch_tokens / N / accumulation."""
     max_steps: int = 100_000
     """Stop after this many updates (0: no limit)."""
     max_epochs: int = 0
@@ -149,19 +151,36 @@ class TrainerConfig:
     seed: int = 1
     """Seed of parameter init, dropout and batch order."""
     device: str = "auto"
-    """auto (cuda when available, else cpu), cpu, cuda, cuda:N."""
+    """auto (cuda when available, else cpu), cpu, cuda, cuda:N (torchrun: each rank's own GPU)."""
     precision: str = "auto"
-    """auto (bf16 autocast on GPU, fp32 on CPU), fp32 or bf16."""
+    """auto (bf16 autocast on GPU, fp32 on CPU), fp32, bf16, or fp16 (with a gradient scaler)."""
+    compile: bool = False
+    """Run the model through torch.compile."""
     num_threads: int = 0
     """CPU threads for torch (0: torch's default)."""
     log_every: int = 50
     """Updates between TensorBoard scalars / progress-bar refreshes."""
     valid_every: int = 1000
-    """Updates between validation-loss evaluations (0: only at the end)."""
+    """Updates between validations (0: only at the end)."""
+    valid_bleu_sentences: int = 500
+    """Validation sentences translated for BLEU at each validation (0: loss only)."""
+    valid_bleu_strategy: Strategy = Strategy.greedy
+    """greedy, or beam (with the decode group's beam size and length penalty)."""
+    patience: int = 0
+    """Stop after this many validations without a better BLEU (or loss when valid BLEU is off);
+    0: never stop early."""
     checkpoint_every: int = 1000
     """Updates between checkpoints (one is always written at the end)."""
+    checkpoint_every_minutes: float = 10.0
+    """Also write a checkpoint after this much training time since the last one (the paper
+    averages checkpoints written every 10 minutes); 0: off."""
     keep_checkpoints: int = 5
-    """How many step checkpoints to keep besides last.pt."""
+    """How many step checkpoints to keep besides last.pt and best.pt."""
+    resume: str = "auto"
+    """auto: continue from run_dir's newest readable checkpoint when there is one; never: refuse
+    to start over existing checkpoints; or the path of a checkpoint to continue from."""
+    max_nonfinite_updates: int = 10
+    """Updates with a non-finite gradient are skipped; stop after this many in a row."""
     progress_bar: bool = True
     """Show a tqdm progress bar."""
     loader_workers: int = 1
@@ -349,18 +368,21 @@ def validate_optim(optim: OptimConfig) -> None:
 
 
 def validate_trainer(trainer: TrainerConfig) -> None:
-    _require(
-        trainer.batch_tokens > 0,
-        "trainer.batch_tokens",
-        f"must be positive, got {trainer.batch_tokens}",
-    )
-    for name in ("accumulate", "log_every"):
+    for name in ("global_batch_tokens", "batch_tokens", "log_every", "max_nonfinite_updates"):
         _require(
             getattr(trainer, name) >= 1,
             f"trainer.{name}",
             f"must be >= 1, got {getattr(trainer, name)}",
         )
-    for name in ("valid_every", "checkpoint_every", "keep_checkpoints", "loader_workers"):
+    for name in (
+        "valid_every",
+        "valid_bleu_sentences",
+        "patience",
+        "checkpoint_every",
+        "checkpoint_every_minutes",
+        "keep_checkpoints",
+        "loader_workers",
+    ):
         _require(
             getattr(trainer, name) >= 0,
             f"trainer.{name}",
@@ -372,9 +394,14 @@ def validate_trainer(trainer: TrainerConfig) -> None:
         "no stopping rule: set max_steps, max_epochs or max_time_minutes",
     )
     _require(
-        trainer.precision in ("auto", "fp32", "bf16"),
+        trainer.precision in ("auto", "fp32", "bf16", "fp16"),
         "trainer.precision",
-        f"must be auto, fp32 or bf16, got {trainer.precision}",
+        f"must be auto, fp32, bf16 or fp16, got {trainer.precision}",
+    )
+    _require(
+        trainer.resume in ("auto", "never") or trainer.resume.endswith(".pt"),
+        "trainer.resume",
+        f"must be auto, never or the path of a .pt checkpoint, got {trainer.resume}",
     )
 
 

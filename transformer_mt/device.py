@@ -14,7 +14,15 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
+    """bf16 on GPU by default, fp16 when asked for; None (fp32) on CPU unless bf16 is asked for."""
+    if precision == "fp16":
+        return torch.float16
+    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
 def autocast_for(device: torch.device, precision: str) -> AbstractContextManager:
-    """bf16 autocast on GPU by default; fp32 on CPU unless bf16 is asked for."""
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+    dtype = autocast_dtype(device, precision)
+    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()

@@ -71,14 +71,16 @@ def merge_heads(x: Tensor) -> Tensor:
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention with one fused QKV projection."""
+    """Multi-head self-attention with one fused QKV projection. The projections have no biases,
+    as in the paper's equations and its tensor2tensor code (a key bias would be a parameter
+    without gradient: softmax ignores a shift shared by all keys)."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float):
         super().__init__()
         self.n_heads = n_heads
         self.dropout = dropout
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
 
     def forward(
         self,
@@ -118,15 +120,15 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Decoder-to-encoder attention; keys and values come from the encoder memory."""
+    """Decoder-to-encoder attention; keys and values come from the encoder memory (no biases)."""
 
     def __init__(self, d_model: int, n_heads: int, dropout: float):
         super().__init__()
         self.n_heads = n_heads
         self.dropout = dropout
-        self.q = nn.Linear(d_model, d_model)
-        self.kv = nn.Linear(d_model, 2 * d_model)
-        self.out = nn.Linear(d_model, d_model)
+        self.q = nn.Linear(d_model, d_model, bias=False)
+        self.kv = nn.Linear(d_model, 2 * d_model, bias=False)
+        self.out = nn.Linear(d_model, d_model, bias=False)
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         k, v = (split_heads(t, self.n_heads) for t in self.kv(memory).chunk(2, dim=-1))
@@ -238,12 +240,13 @@ class Transformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Xavier-uniform projections (each D x D block of a fused QKV / KV projection on its own,
-        as if it were the paper's separate W^Q, W^K, W^V), zero biases, N(0, D^-0.5) embeddings
-        with a zero pad row."""
+        as if it were the paper's separate W^Q, W^K, W^V), zero feed-forward biases, N(0, D^-0.5)
+        embeddings with a zero pad row."""
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         for fused in (m for m in self.modules() if isinstance(m, SelfAttention | CrossAttention)):
             projection = fused.qkv if isinstance(fused, SelfAttention) else fused.kv
             for block in projection.weight.data.split(self.cfg.d_model, dim=0):

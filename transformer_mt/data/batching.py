@@ -6,6 +6,8 @@ memory-mapped store inside DataLoader workers, so the training process only rece
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,30 +73,82 @@ def split_to_multiple(batches: list[np.ndarray], world_size: int) -> list[np.nda
     return [b for i, b in enumerate(batches) if i not in chosen] + halves
 
 
+@dataclass(frozen=True)
+class BatchPlan:
+    """How one update of `global_batch_tokens` target tokens is split over ranks and steps."""
+
+    world_size: int
+    accumulation: int  # micro-batches per rank and update
+    micro_batch_tokens: int  # token budget of one micro-batch (padded size)
+    target_tokens: float  # expected real target tokens of one update, all ranks together
+
+    def describe(self) -> str:
+        return (
+            f"{self.world_size} rank(s) x {self.accumulation} micro-batch(es) of "
+            f"{self.micro_batch_tokens:,} padded tokens = about {self.target_tokens:,.0f} "
+            "target tokens per update"
+        )
+
+
+def target_fill(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int) -> float:
+    """Real target tokens (with EOS) per budget token in the batches `max_tokens` gives."""
+    order = np.lexsort((src_lengths, tgt_lengths)).astype(np.int32)
+    widths = np.maximum(src_lengths[order], tgt_lengths[order]) + 1
+    n_batches = len(pack(order, widths, max_tokens))
+    return float(tgt_lengths.sum() + len(tgt_lengths)) / (n_batches * max_tokens)
+
+
+def plan_batches(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    *,
+    global_target_tokens: int,
+    max_batch_tokens: int,
+    world_size: int,
+) -> BatchPlan:
+    """The fewest micro-batches per rank that fit `max_batch_tokens` and together hold about
+    `global_target_tokens` target tokens; then the budget that shares them out evenly."""
+    per_rank = global_target_tokens / world_size
+    fill = target_fill(src_lengths, tgt_lengths, max_batch_tokens)
+    accumulation = max(1, math.ceil(per_rank / (max_batch_tokens * fill)))
+    micro = min(max_batch_tokens, math.ceil(per_rank / accumulation / fill))
+    if micro < max_batch_tokens:  # smaller batches pad a little differently: refine once
+        fill = target_fill(src_lengths, tgt_lengths, micro)
+        micro = min(max_batch_tokens, math.ceil(per_rank / accumulation / fill))
+    return BatchPlan(world_size, accumulation, micro, world_size * accumulation * micro * fill)
+
+
 @dataclass
 class Batch:
     src: torch.Tensor  # (B, S) source ids + EOS, right-padded
     tgt_in: torch.Tensor  # (B, T) BOS + target ids
     tgt_out: torch.Tensor  # (B, T) target ids + EOS, pad where tgt_in is pad
     n_tgt_tokens: int  # real (non-pad) tokens in tgt_out
+    n_src_tokens: int = 0  # real (non-pad) tokens in src
 
     def to(self, device: torch.device) -> Batch:
         non_blocking = device.type == "cuda"
-        return Batch(
-            self.src.to(device, non_blocking=non_blocking),
-            self.tgt_in.to(device, non_blocking=non_blocking),
-            self.tgt_out.to(device, non_blocking=non_blocking),
-            self.n_tgt_tokens,
+        return dataclasses.replace(
+            self,
+            src=self.src.to(device, non_blocking=non_blocking),
+            tgt_in=self.tgt_in.to(device, non_blocking=non_blocking),
+            tgt_out=self.tgt_out.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> Batch:
         """Called by DataLoader(pin_memory=True) so host-to-GPU copies can be asynchronous."""
-        return Batch(
-            self.src.pin_memory(),
-            self.tgt_in.pin_memory(),
-            self.tgt_out.pin_memory(),
-            self.n_tgt_tokens,
+        return dataclasses.replace(
+            self,
+            src=self.src.pin_memory(),
+            tgt_in=self.tgt_in.pin_memory(),
+            tgt_out=self.tgt_out.pin_memory(),
         )
+
+    @property
+    def padding_ratio(self) -> float:
+        """Share of the source and target positions that are padding."""
+        positions = self.src.numel() + self.tgt_out.numel()
+        return 1.0 - (self.n_src_tokens + self.n_tgt_tokens) / positions
 
 
 def pad_sequences(
@@ -122,12 +176,12 @@ def collate(
 ) -> Batch:
     src = [data.src[i] for i in indices]
     tgt = [data.tgt[i] for i in indices]
-    tgt_out = pad_sequences(tgt, pad_id, suffix=eos_id)
     return Batch(
         src=pad_sequences(src, pad_id, suffix=eos_id),
         tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id),
-        tgt_out=tgt_out,
-        n_tgt_tokens=int((tgt_out != pad_id).sum()),
+        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id),
+        n_tgt_tokens=sum(len(s) for s in tgt) + len(tgt),  # + EOS each
+        n_src_tokens=sum(len(s) for s in src) + len(src),
     )
 
 

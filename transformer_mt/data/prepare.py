@@ -33,6 +33,7 @@ from transformer_mt.data.tokenizer import (
     train_tokenizer,
 )
 from transformer_mt.errors import DataError
+from transformer_mt.files import copy_atomically, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -58,9 +59,22 @@ def fingerprint(cfg: DataConfig) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def prepare(cfg: DataConfig, run_dir: Path) -> PreparedData:
-    """The prepared corpus (built if needed); the run folder gets copies of its tokenizers."""
+def prepare(cfg: DataConfig, run_dir: Path, *, main_process: bool = True) -> PreparedData:
+    """The prepared corpus (built if needed); the run folder gets copies of its tokenizers.
+
+    main_process=False (the other ranks of a distributed run, after rank 0 prepared): open the
+    prepared corpus only, writing nothing.
+    """
     folder = Path(cfg.prepared_dir) / f"{cfg.name}-{fingerprint(cfg)}"
+    if not main_process:
+        if not (folder / STATS_FILE).is_file():
+            raise DataError(f"{folder}: prepared data not found (rank 0 should have built it)")
+        return PreparedData(
+            load_tokenizers(folder),
+            ParallelTokens.load(folder, "train"),
+            ParallelTokens.load(folder, "valid"),
+            folder,
+        )
     refuse_other_data(run_dir, folder)
     if (folder / STATS_FILE).is_file():
         log.info("reusing prepared data %s", folder)
@@ -71,9 +85,9 @@ def prepare(cfg: DataConfig, run_dir: Path) -> PreparedData:
     for name in {SHARED_FILE, SRC_FILE, TGT_FILE} - {path.name for path in files}:
         (run_dir / name).unlink(missing_ok=True)  # a stale model would shadow the new one
     for path in files:
-        shutil.copyfile(path, run_dir / path.name)
-    (run_dir / "prepared.json").write_text(
-        json.dumps({"folder": str(folder.resolve())}, indent=2) + "\n"
+        copy_atomically(path, run_dir / path.name)
+    write_text_atomically(
+        run_dir / "prepared.json", json.dumps({"folder": str(folder.resolve())}, indent=2) + "\n"
     )
     return PreparedData(
         load_tokenizers(run_dir),
@@ -87,7 +101,12 @@ def refuse_other_data(run_dir: Path, folder: Path) -> None:
     """A run folder keeps the data (and tokenizer) it was started with."""
     record = run_dir / "prepared.json"
     if record.is_file():
-        previous = Path(json.loads(record.read_text())["folder"]).name
+        try:
+            previous = Path(json.loads(record.read_text())["folder"]).name
+        except (ValueError, KeyError, TypeError):
+            raise DataError(
+                f"{record} is not readable: delete it, and rerun to record the prepared data"
+            ) from None
         if previous != folder.name:
             raise DataError(
                 f"{run_dir} was prepared as {previous}, but this configuration prepares "

@@ -107,11 +107,15 @@ class Translator:
         ids = self.tokenizers.src.encode(
             [normalise(s.strip(), self.unicode_form) for s in sentences]
         )
-        outputs: list[list[int]] = [[] for _ in sentences]
+        return self.tokenizers.tgt.decode(self.translate_ids(ids))
+
+    def translate_ids(self, ids: list[list[int]]) -> list[list[int]]:
+        """Target piece ids for each source's piece ids (no EOS), in input order."""
+        outputs: list[list[int]] = [[] for _ in ids]
         for batch in self.batches(ids):
             for index, hypothesis in zip(batch, self.search([ids[i] for i in batch]), strict=True):
                 outputs[index] = hypothesis
-        return self.tokenizers.tgt.decode(outputs)
+        return outputs
 
     def batches(self, ids: list[list[int]]) -> list[list[int]]:
         """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens."""

@@ -72,10 +72,41 @@ def resolve_checkpoint(run_dir: Path, name: str) -> Path:
     return run_dir / "checkpoints" / name
 
 
-def prune_step_checkpoints(folder: Path, keep: int) -> None:
-    """Delete all but the newest `keep` step_N.pt files."""
+def step_checkpoints(folder: Path) -> list[Path]:
+    """The step_N.pt files in `folder`, oldest (smallest N) first."""
     numbered = sorted(
         (int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := STEP_FILE.search(p.name))
     )
-    for _, path in numbered[: max(0, len(numbered) - keep)]:
+    return [path for _, path in numbered]
+
+
+def prune_step_checkpoints(folder: Path, keep: int) -> None:
+    """Delete all but the newest `keep` step_N.pt files."""
+    numbered = step_checkpoints(folder)
+    for path in numbered[: max(0, len(numbered) - keep)]:
         path.unlink(missing_ok=True)
+
+
+def remove_partial_writes(folder: Path) -> list[Path]:
+    """Delete the temporary files of writes that a killed process never finished."""
+    partial = sorted(folder.glob(".*.tmp"))
+    for path in partial:
+        path.unlink(missing_ok=True)
+    return partial
+
+
+def load_newest_readable(folder: Path) -> tuple[dict[str, Any], Path] | None:
+    """The newest checkpoint in `folder` that loads (step files newest first, then last.pt),
+    or None when there is none at all; CheckpointError when there are some but none loads."""
+    candidates = [*reversed(step_checkpoints(folder)), folder / "last.pt"]
+    candidates = [path for path in candidates if path.is_file()]
+    problems = []
+    for path in candidates:
+        try:
+            return load_checkpoint(path), path
+        except CheckpointError as error:
+            log.warning("%s; trying the previous checkpoint", error)
+            problems.append(str(error))
+    if problems:
+        raise CheckpointError(f"no readable checkpoint in {folder}: " + "; ".join(problems))
+    return None

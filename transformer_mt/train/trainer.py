@@ -1,34 +1,49 @@
-"""The training loop: token-budget batches, accumulation, autocast, validation, checkpoints."""
+"""The training loop: global-batch updates over ranks and micro-batches, validation, stopping
+rules and checkpoints that let any interrupted run continue exactly."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt.config import TrainJob, validate_train
-from transformer_mt.data.batching import Batch, BatchDataset, collate, token_batches
+from transformer_mt.data.batching import Batch, BatchDataset, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
-from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.device import autocast_for, resolve_device
-from transformer_mt.errors import CheckpointError
+from transformer_mt.device import autocast_dtype, autocast_for
+from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.files import write_text_atomically
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.train.checkpoint import (
     load_checkpoint,
+    load_newest_readable,
     prune_step_checkpoints,
     publish_as,
+    remove_partial_writes,
     save_checkpoint,
+    step_checkpoints,
 )
+from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
+from transformer_mt.train.flops import peak_flops, step_flops
 from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.run_state import (
+    Progress,
+    check_model_matches,
+    restore_rng,
+    rng_states,
+)
 from transformer_mt.train.schedule import paper_schedule
+from transformer_mt.train.signals import StopSignals, ignore_stop_signals
+from transformer_mt.train.validation import validation_bleu, validation_loss
 
 log = logging.getLogger(__name__)
 
@@ -38,34 +53,58 @@ def config_dict(cfg) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
 
 
-@dataclass
-class Progress:
-    """Where training stands; saved in every checkpoint."""
+class NonFiniteUpdates:
+    """Counts skipped updates on the device; read (a host sync) only at logging intervals."""
 
-    step: int = 0
-    epoch: int = 0
-    batch_in_epoch: int = 0
-    train_seconds: float = 0.0
+    def __init__(self, device: torch.device):
+        self.total = torch.zeros((), dtype=torch.int64, device=device)
+        self.in_a_row = torch.zeros_like(self.total)
+        self.longest_run = torch.zeros_like(self.total)
+
+    def add(self, nonfinite: torch.Tensor) -> None:
+        self.total += nonfinite
+        self.in_a_row = (self.in_a_row + 1) * nonfinite
+        self.longest_run = torch.maximum(self.longest_run, self.in_a_row)
+
+    def read(self) -> tuple[int, int]:
+        """(skipped since the last read, the longest run of them in a row); starts a new count."""
+        total, longest = int(self.total), int(self.longest_run)
+        self.total.zero_()
+        self.longest_run.copy_(self.in_a_row)
+        return total, longest
 
 
 class Trainer:
-    def __init__(self, cfg: TrainJob, data: PreparedData, device: torch.device):
+    def __init__(
+        self, cfg: TrainJob, data: PreparedData, device: torch.device, ranks: Ranks | None = None
+    ):
         self.cfg, self.data, self.device = cfg, data, device
+        self.ranks = ranks or Ranks()
         self.run_dir = Path(cfg.run_dir)
+        self.checkpoint_dir = self.run_dir / "checkpoints"
         tokenizers = data.tokenizers
-        self.pad_id, self.bos_id, self.eos_id = PAD_ID, BOS_ID, EOS_ID
         self.vocab_sizes = {
             "vocab_size": tokenizers.tgt.vocab_size,
             "src_vocab_size": None if tokenizers.shared else tokenizers.src.vocab_size,
         }
         self.model = Transformer(cfg.model, pad_id=PAD_ID, **self.vocab_sizes).to(device)
+        self.train_model = self.model
+        if self.ranks.distributed:
+            self.train_model = DistributedDataParallel(
+                self.model,
+                device_ids=[device] if device.type == "cuda" else None,
+                broadcast_buffers=False,  # the only buffer is the constant position table
+            )
+        if cfg.trainer.compile:
+            self.train_model = torch.compile(self.train_model, dynamic=True)
+        # Fused Adam (CPU and GPU) can skip an update on a device-side flag, without a host sync.
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(),
             lr=1.0,
             betas=tuple(cfg.optim.betas),
             eps=cfg.optim.eps,
             weight_decay=cfg.optim.weight_decay,
-            fused=device.type == "cuda",
+            fused=True,
         )
         self.scheduler = paper_schedule(
             self.optimizer,
@@ -73,23 +112,42 @@ class Trainer:
             warmup_steps=cfg.optim.warmup_steps,
             scale=cfg.optim.lr_scale,
         )
+        fp16 = autocast_dtype(device, cfg.trainer.precision) == torch.float16
+        self.scaler = torch.amp.GradScaler(device.type, enabled=fp16)
+        self.plan = plan_batches(
+            data.train.src.lengths,
+            data.train.tgt.lengths,
+            global_target_tokens=cfg.trainer.global_batch_tokens,
+            max_batch_tokens=cfg.trainer.batch_tokens,
+            world_size=self.ranks.world_size,
+        )
         self.progress = Progress()
-        self.writer = SummaryWriter(str(self.run_dir / "tensorboard"))
-        self.checkpoint_dir = self.run_dir / "checkpoints"
+        self.position_fraction: float | None = None  # set by a resume with another layout
+        self.saved_step = self.validated_step = -1
+        self.last_save_time = time.monotonic()
+        self.nonfinite = NonFiniteUpdates(device)
+        self.signals = StopSignals()
+        self.peak_flops = (
+            peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        )
+        self.writer = (
+            SummaryWriter(str(self.run_dir / "tensorboard")) if self.ranks.is_main else None
+        )
 
-    # ---- state -------------------------------------------------------------------------------
+    # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
+        """The run's whole state; a collective (every rank's RNG is gathered)."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
             "model_config": config_dict(self.cfg.model),
             **self.vocab_sizes,
             "data_folder": self.data.folder.name,
             "step": self.progress.step,
             "progress": vars(self.progress).copy(),
-            "rng_cpu": torch.get_rng_state(),
-            "rng_cuda": torch.cuda.get_rng_state_all() if self.device.type == "cuda" else [],
+            **rng_states(self.ranks, self.device),
         }
 
     def load_state_dict(self, state: dict, path: Path) -> None:
@@ -99,74 +157,117 @@ class Trainer:
                 f"configuration prepares {self.data.folder.name} (a data or tokenizer setting, or "
                 "the corpus, changed): use a new run_dir, or restore the original settings"
             )
+        check_model_matches(state, self.cfg.model, self.vocab_sizes, path)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError) as error:
-            raise CheckpointError(
-                f"{path} does not fit this configuration's model (was model.* changed?): {error}. "
-                "Use a new run_dir, or restore the original settings"
-            ) from None
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.progress = Progress(**state["progress"])
-        torch.set_rng_state(state["rng_cpu"])
-        if state["rng_cuda"] and self.device.type == "cuda":
-            torch.cuda.set_rng_state_all(state["rng_cuda"])
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise CheckpointError(f"{path}: cannot continue from it: {error}") from None
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress.from_state(state["progress"])
+        self.saved_step = self.progress.step
+        layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
+        if self.progress.layout and self.progress.layout != layout:
+            saved = self.progress
+            self.position_fraction = saved.batch_in_epoch / max(saved.batches_in_epoch, 1)
+            log.warning(
+                "resuming with another layout (ranks, micro-batch budget) %s -> %s: the global "
+                "batch and the schedule continue; the data position continues at %.1f%% of "
+                "epoch %d in the new batch order (approximate)",
+                saved.layout,
+                layout,
+                100 * self.position_fraction,
+                saved.epoch,
+            )
+        seed = self.cfg.trainer.seed
+        if not restore_rng(state, self.ranks, self.device, seed, self.progress.step):
+            log.warning("another number of ranks: dropout draws fresh random numbers")
 
-    def save(self) -> Path:
+    def save(self, *, best: bool = False) -> Path:
+        """Write step_N.pt (rank 0), point last.pt (and best.pt) at it, prune old ones."""
         state = self.state_dict()
         step_path = self.checkpoint_dir / f"step_{self.progress.step}.pt"
-        save_checkpoint(state, step_path)
-        publish_as(step_path, self.checkpoint_dir / "last.pt")
-        prune_step_checkpoints(self.checkpoint_dir, self.cfg.trainer.keep_checkpoints)
+        if self.ranks.is_main:
+            try:
+                save_checkpoint(state, step_path)
+            except OSError as error:
+                previous = self.checkpoint_dir / "last.pt"
+                kept = (
+                    f"the previous checkpoint {previous} is intact"
+                    if previous.is_file()
+                    else ("there is no previous checkpoint")
+                )
+                raise CheckpointError(
+                    f"could not write checkpoint {step_path} ({error}); {kept}: free space and "
+                    "rerun the same command to continue from it"
+                ) from None
+            if best:  # before last.pt: a resume from an older last.pt re-judges this step
+                publish_as(step_path, self.checkpoint_dir / "best.pt")
+            publish_as(step_path, self.checkpoint_dir / "last.pt")
+            prune_step_checkpoints(self.checkpoint_dir, self.cfg.trainer.keep_checkpoints)
+        self.saved_step = self.progress.step
+        self.last_save_time = time.monotonic()
         return step_path
 
-    def resume_if_possible(self) -> None:
-        last = self.checkpoint_dir / "last.pt"
-        if last.is_file():
-            # Loaded on the CPU: RNG states must stay there; the optimizer moves its own state.
-            self.load_state_dict(load_checkpoint(last, "cpu"), last)
-            log.info("resumed from %s at update %d", last, self.progress.step)
+    def resume(self) -> None:
+        """Continue according to trainer.resume (auto: the newest readable checkpoint, if any)."""
+        mode = self.cfg.trainer.resume
+        if self.ranks.is_main and self.checkpoint_dir.is_dir():
+            for path in remove_partial_writes(self.checkpoint_dir):
+                log.info("removed %s, left by an interrupted checkpoint write", path.name)
+        self.ranks.barrier()
+        if mode == "never":
+            existing = step_checkpoints(self.checkpoint_dir) if self.checkpoint_dir.is_dir() else []
+            if existing:
+                raise ConfigError(
+                    f"trainer.resume=never, but {self.checkpoint_dir} holds {len(existing)} "
+                    "checkpoint(s): use a new run_dir, or trainer.resume=auto to continue"
+                )
+            return
+        found = load_newest_readable(self.checkpoint_dir) if mode == "auto" else None
+        if mode != "auto":
+            found = load_checkpoint(Path(mode)), Path(mode)
+        if found:
+            state, path = found
+            self.load_state_dict(state, path)
+            log.info("resumed from %s at update %d", path, self.progress.step)
 
-    # ---- loop --------------------------------------------------------------------------------
-    def should_stop(self) -> str | None:
-        trainer, progress = self.cfg.trainer, self.progress
-        if trainer.max_steps and progress.step >= trainer.max_steps:
-            return f"reached trainer.max_steps={trainer.max_steps}"
-        if trainer.max_epochs and progress.epoch >= trainer.max_epochs:
-            return f"reached trainer.max_epochs={trainer.max_epochs}"
-        if trainer.max_time_minutes and progress.train_seconds >= 60 * trainer.max_time_minutes:
-            return f"reached trainer.max_time_minutes={trainer.max_time_minutes}"
-        return None
-
+    # ---- data --------------------------------------------------------------------------------
     def epoch_loader(self) -> torch.utils.data.DataLoader:
-        """This epoch's batches from the saved position on, collated in background processes."""
+        """This rank's batches of this epoch from the saved position on, collated in workers."""
         train, trainer = self.data.train, self.cfg.trainer
         batches = token_batches(
             train.src.lengths,
             train.tgt.lengths,
-            trainer.batch_tokens,
+            self.plan.micro_batch_tokens,
             seed=trainer.seed,
             epoch=self.progress.epoch,
+            rank=self.ranks.rank,
+            world_size=self.ranks.world_size,
         )
+        progress = self.progress
+        if self.position_fraction is not None:
+            progress.batch_in_epoch = round(self.position_fraction * len(batches))
+            self.position_fraction = None
+        progress.batches_in_epoch = len(batches)
+        progress.layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
         dataset = BatchDataset(
-            self.data.folder,
-            "train",
-            batches,
-            pad_id=self.pad_id,
-            bos_id=self.bos_id,
-            eos_id=self.eos_id,
+            self.data.folder, "train", batches, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
         )
+        workers = trainer.loader_workers
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=None,
-            sampler=range(self.progress.batch_in_epoch, len(batches)),
-            num_workers=trainer.loader_workers,
+            sampler=range(progress.batch_in_epoch, len(batches)),
+            num_workers=workers,
             pin_memory=self.device.type == "cuda",
-            prefetch_factor=4 if trainer.loader_workers else None,
+            prefetch_factor=4 if workers else None,
+            worker_init_fn=ignore_stop_signals if workers else None,
             # Its own generator: the loader must not draw from the global RNG that dropout uses,
             # or a resumed run would get different dropout masks from an uninterrupted one.
-            generator=torch.Generator().manual_seed(trainer.seed + self.progress.epoch),
+            generator=torch.Generator().manual_seed(trainer.seed + progress.epoch),
         )
 
     def micro_batches(self):
@@ -177,88 +278,126 @@ class Trainer:
                 yield batch
             self.progress.epoch += 1
             self.progress.batch_in_epoch = 0
-            if self.should_stop():
+            if self.stop_rule():
                 return
 
-    def train_step(self, batches: list[Batch]) -> dict[str, float]:
-        """One update from summed micro-batch losses, divided once by the total target tokens."""
-        self.model.train()
-        total_tokens = sum(batch.n_tgt_tokens for batch in batches)
+    # ---- one update --------------------------------------------------------------------------
+    def train_step(self, batches: list[Batch]) -> dict:
+        """One update: the summed loss of every rank's micro-batches divided once by their total
+        target tokens, so it equals the update of one big batch. Returns device tensors."""
+        self.train_model.train()
+        (total_tokens,) = self.ranks.sum([sum(batch.n_tgt_tokens for batch in batches)])
+        # DDP averages gradients over ranks; multiplying by world_size turns that into a sum.
+        scale = self.ranks.world_size / total_tokens
         loss_sum = nll_sum = 0.0
-        for batch in batches:
-            batch = batch.to(self.device)
-            with autocast_for(self.device, self.cfg.trainer.precision):
-                logits = self.model(batch.src, batch.tgt_in)
-            sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=self.pad_id
+        for index, batch in enumerate(batches):
+            last = index == len(batches) - 1
+            sync = (
+                contextlib.nullcontext()
+                if last or not self.ranks.distributed
+                else (self.train_model.no_sync())
             )
-            (sums.loss / total_tokens).backward()
+            batch = batch.to(self.device)
+            with sync:
+                with autocast_for(self.device, self.cfg.trainer.precision):
+                    logits = self.train_model(batch.src, batch.tgt_in)
+                sums = label_smoothed_loss(
+                    logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
+                )
+                self.scaler.scale(sums.loss * scale).backward()
             loss_sum += sums.loss.detach()
             nll_sum += sums.nll.detach()
+        self.scaler.unscale_(self.optimizer)
         clip = self.cfg.optim.clip_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
             self.model.parameters(), clip if clip > 0 else math.inf
         )
+        nonfinite = (~torch.isfinite(grad_norm)).to(torch.int64)
         lr = self.optimizer.param_groups[0]["lr"]
-        self.optimizer.step()
+        if self.scaler.is_enabled():
+            self.scaler.step(self.optimizer)  # skips non-finite updates itself
+            self.scaler.update()
+        else:
+            # The protocol GradScaler uses with fused optimizers: where found_inf is 1 the step
+            # changes neither parameters nor moments nor Adam's step count.
+            self.optimizer.found_inf = nonfinite.to(torch.float32)
+            self.optimizer.step()
+            del self.optimizer.found_inf
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.nonfinite.add(nonfinite)
         self.progress.step += 1
         return {
-            "loss": loss_sum / total_tokens,
-            "nll": nll_sum / total_tokens,
+            "loss": loss_sum * self.ranks.world_size / total_tokens,  # this rank's share
+            "nll": nll_sum * self.ranks.world_size / total_tokens,
             "lr": lr,
             "grad_norm": grad_norm,
             "tokens": total_tokens,
+            "padding": sum(b.padding_ratio for b in batches) / len(batches),
+            "flops": sum(
+                step_flops(
+                    self.cfg.model,
+                    self.vocab_sizes["vocab_size"],
+                    b.src.shape[0],
+                    b.src.shape[1],
+                    b.tgt_in.shape[1],
+                )
+                for b in batches
+            ),
         }
 
-    @torch.no_grad()
-    def validate(self, data: ParallelTokens) -> dict[str, float]:
-        self.model.eval()
-        loss_sum = nll_sum = tokens = 0.0
-        for indices in token_batches(
-            data.src.lengths,
-            data.tgt.lengths,
-            self.cfg.trainer.batch_tokens,
-            seed=0,
-            epoch=0,
-            shuffle=False,
-        ):
-            batch = collate(
-                data, indices, pad_id=self.pad_id, bos_id=self.bos_id, eos_id=self.eos_id
-            ).to(self.device)
-            with autocast_for(self.device, self.cfg.trainer.precision):
-                logits = self.model(batch.src, batch.tgt_in)
-            sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=self.pad_id
+    # ---- validation, logging, stopping -------------------------------------------------------
+    def validate(self) -> dict[str, float]:
+        """Loss and (optionally) BLEU on the valid split, logged; rank 0 only."""
+        scores = validation_loss(self.model, self.data.valid, self.cfg, self.device)
+        if self.cfg.trainer.valid_bleu_sentences:
+            scores["bleu"] = validation_bleu(
+                self.model, self.data.valid, self.data.tokenizers, self.cfg, self.device
             )
-            loss_sum, nll_sum, tokens = (
-                loss_sum + float(sums.loss),
-                nll_sum + float(sums.nll),
-                tokens + batch.n_tgt_tokens,
-            )
-        return {
-            "loss": loss_sum / tokens,
-            "nll": nll_sum / tokens,
-            "ppl": math.exp(min(nll_sum / tokens, 50.0)),
-        }
-
-    def log_validation(self) -> None:
-        scores = self.validate(self.data.valid)
         for name, value in scores.items():
             self.writer.add_scalar(f"valid/{name}", value, self.progress.step)
+        bleu = f", BLEU {scores['bleu']:.2f}" if "bleu" in scores else ""
         log.info(
-            "update %d: valid loss %.3f, nll %.3f, ppl %.2f",
+            "update %d: valid loss %.3f, nll %.3f, ppl %.2f%s",
             self.progress.step,
             scores["loss"],
             scores["nll"],
             scores["ppl"],
+            bleu,
         )
+        return scores
 
-    def log_train(self, window: list[dict], seconds: float, bar) -> None:
+    def validate_and_judge(self) -> tuple[bool, bool]:
+        """(a new best score, patience exhausted), decided on rank 0 and shared."""
+        improved = exhausted = 0.0
+        if self.ranks.is_main:
+            scores = self.validate()
+            score = scores["bleu"] if "bleu" in scores else -scores["loss"]
+            progress = self.progress
+            if progress.best_score is None or score > progress.best_score:
+                progress.best_score, progress.validations_without_improvement = score, 0
+                improved = 1.0
+            else:
+                progress.validations_without_improvement += 1
+            patience = self.cfg.trainer.patience
+            exhausted = float(
+                bool(patience) and progress.validations_without_improvement >= patience
+            )
+        improved, exhausted = self.ranks.broadcast([improved, exhausted])
+        self.validated_step = self.progress.step
+        return bool(improved), bool(exhausted)
+
+    def log_train(self, window: list[dict], seconds: float, bar) -> str | None:
+        """Scalars for the window of updates since the last log; a stop reason if the gradient
+        has been non-finite too often in a row."""
+        skipped, in_a_row = self.nonfinite.read()
+        self.progress.skipped_updates += skipped
+        if not self.ranks.is_main:
+            return self.nonfinite_stop(in_a_row)
         tokens = sum(m["tokens"] for m in window)
         loss = float(sum(m["loss"] * m["tokens"] for m in window)) / tokens
         nll = float(sum(m["nll"] * m["tokens"] for m in window)) / tokens
+        flops_per_s = sum(m["flops"] for m in window) / max(seconds, 1e-9)
         scalars = {
             "loss": loss,
             "nll": nll,
@@ -266,7 +405,14 @@ class Trainer:
             "lr": window[-1]["lr"],
             "grad_norm": float(window[-1]["grad_norm"]),
             "tokens_per_s": tokens / max(seconds, 1e-9),
+            "tflops_per_s": flops_per_s / 1e12,  # this rank's
+            "padding": sum(m["padding"] for m in window) / len(window),
+            "skipped_updates": self.progress.skipped_updates,
         }
+        if self.peak_flops:
+            scalars["mfu"] = flops_per_s / self.peak_flops
+        if self.device.type == "cuda":
+            scalars["memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         for name, value in scalars.items():
             self.writer.add_scalar(f"train/{name}", value, self.progress.step)
         bar.set_postfix(
@@ -276,7 +422,29 @@ class Trainer:
             tok_s=f"{scalars['tokens_per_s']:.0f}",
             refresh=False,
         )
+        return self.nonfinite_stop(in_a_row)
 
+    def nonfinite_stop(self, in_a_row: int) -> str | None:
+        limit = self.cfg.trainer.max_nonfinite_updates
+        if in_a_row < limit:
+            return None
+        return (
+            f"{in_a_row} updates in a row had a non-finite gradient and were skipped "
+            f"(trainer.max_nonfinite_updates={limit}): lower optim.lr_scale, set optim.clip_norm, "
+            "or train in fp32/bf16; the checkpoints before this point are good"
+        )
+
+    def stop_rule(self) -> str | None:
+        trainer, progress = self.cfg.trainer, self.progress
+        if trainer.max_steps and progress.step >= trainer.max_steps:
+            return f"reached trainer.max_steps={trainer.max_steps}"
+        if trainer.max_epochs and progress.epoch >= trainer.max_epochs:
+            return f"reached trainer.max_epochs={trainer.max_epochs}"
+        if trainer.max_time_minutes and progress.train_seconds >= 60 * trainer.max_time_minutes:
+            return f"reached trainer.max_time_minutes={trainer.max_time_minutes}"
+        return None
+
+    # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> str:
         """Train until a stopping rule fires; return which one."""
         trainer = self.cfg.trainer
@@ -285,12 +453,13 @@ class Trainer:
             initial=self.progress.step,
             desc="train",
             unit="upd",
-            disable=not trainer.progress_bar,
+            disable=not (trainer.progress_bar and self.ranks.is_main),
             dynamic_ncols=True,
         )
         stream = self.micro_batches()
         try:
-            return self.run_updates(stream, bar)
+            with self.signals:
+                return self.run_updates(stream, bar)
         finally:
             stream.close()  # ends the DataLoader's worker processes
             bar.close()
@@ -298,54 +467,84 @@ class Trainer:
     def run_updates(self, stream, bar) -> str:
         trainer = self.cfg.trainer
         window, window_start = [], time.perf_counter()
-        reason = self.should_stop()
+        reason = self.stop_rule()
         while reason is None:
             started = time.perf_counter()
-            batches = [batch for _, batch in zip(range(trainer.accumulate), stream, strict=False)]
+            batches = [b for _, b in zip(range(self.plan.accumulation), stream, strict=False)]
             if not batches:
-                reason = self.should_stop() or "training data exhausted"
-                break
+                return self.stop_rule() or "training data exhausted"
             window.append(self.train_step(batches))
             self.progress.train_seconds += time.perf_counter() - started
             bar.update(1)
             step = self.progress.step
             if step % trainer.log_every == 0:
-                self.log_train(window, time.perf_counter() - window_start, bar)
+                reason = self.log_train(window, time.perf_counter() - window_start, bar)
                 window, window_start = [], time.perf_counter()
+            improved = exhausted = False
             if trainer.valid_every and step % trainer.valid_every == 0:
-                self.log_validation()
-            if trainer.checkpoint_every and step % trainer.checkpoint_every == 0:
-                self.save()
-            reason = self.should_stop()
+                improved, exhausted = self.validate_and_judge()
+            minutes = trainer.checkpoint_every_minutes
+            time_due = bool(minutes) and time.monotonic() - self.last_save_time >= 60 * minutes
+            signalled, time_due = self.ranks.sum(
+                [float(self.signals.received is not None), float(time_due and self.ranks.is_main)]
+            )
+            periodic = trainer.checkpoint_every and step % trainer.checkpoint_every == 0
+            if improved or signalled or time_due or periodic:
+                self.save(best=improved)
+            if signalled:
+                return f"stop signal ({self.signals.received or 'on another rank'})"
+            if exhausted:
+                reason = (
+                    f"no better validation score in {trainer.patience} validations "
+                    "(trainer.patience)"
+                )
+            reason = reason or self.stop_rule()
         if window:  # the last, partial logging window
-            self.log_train(window, time.perf_counter() - window_start, bar)
+            reason = self.log_train(window, time.perf_counter() - window_start, bar) or reason
         return reason
 
 
 def train(cfg: TrainJob) -> Path:
-    """Prepare data, train, validate and checkpoint into cfg.run_dir; return the last checkpoint."""
+    """Prepare data, train, validate and checkpoint into cfg.run_dir; return the last checkpoint.
+    Under torchrun every rank calls it; rank 0 prepares data and writes files."""
     validate_train(cfg)
+    ranks, device = start_ranks(cfg.trainer.device)
+    try:
+        return train_ranks(cfg, ranks, device)
+    finally:
+        stop_ranks(ranks)
+
+
+def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device) -> Path:
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     # Absolute paths, so that eval and translate find the corpus from any working directory.
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
     if cfg.data.dir is not None:
         cfg.data.dir = str(Path(cfg.data.dir).resolve())
-    config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
-    (run_dir / "config.yaml").write_text(config_yaml, encoding="utf-8")
-    torch.manual_seed(cfg.trainer.seed)
+    if ranks.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
+        write_text_atomically(run_dir / "config.yaml", config_yaml)
+        data = prepare(cfg.data, run_dir)
+        ranks.barrier()
+    else:
+        logging.getLogger("transformer_mt").setLevel(logging.WARNING)
+        ranks.barrier()
+        data = prepare(cfg.data, run_dir, main_process=False)
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
-    device = resolve_device(cfg.trainer.device)
-    data = prepare(cfg.data, run_dir)
-    trainer = Trainer(cfg, data, device)
+    torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
+    trainer = Trainer(cfg, data, device, ranks)
+    if ranks.rank:
+        torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
     log.info(
-        "model: %s parameters (%s) on %s",
+        "model: %s parameters (%s) on %s; %s",
         f"{count_parameters(trainer.model):,}",
         cfg.model.name,
         device,
+        trainer.plan.describe(),
     )
-    trainer.resume_if_possible()
+    trainer.resume()
     reason = trainer.fit()
     log.info(
         "stopped: %s after %d updates, %.1f min of training",
@@ -353,11 +552,12 @@ def train(cfg: TrainJob) -> Path:
         trainer.progress.step,
         trainer.progress.train_seconds / 60,
     )
-    if (
-        not trainer.cfg.trainer.valid_every
-        or trainer.progress.step % trainer.cfg.trainer.valid_every
-    ):
-        trainer.log_validation()
-    trainer.save()
-    trainer.writer.close()
+    if trainer.signals.received is None:  # pre-emption leaves no time for more
+        improved = False
+        if trainer.validated_step != trainer.progress.step:
+            improved, _ = trainer.validate_and_judge()
+        if improved or trainer.saved_step != trainer.progress.step:
+            trainer.save(best=improved)
+    if trainer.writer:
+        trainer.writer.close()
     return trainer.checkpoint_dir / "last.pt"

@@ -1,0 +1,173 @@
+"""Resuming a run: exactness, what continues after a layout change, and bad checkpoints."""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+import pytest
+import torch
+
+from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.train import checkpoint as checkpoint_module
+from transformer_mt.train import trainer as trainer_module
+from transformer_mt.train.schedule import inverse_sqrt_lr
+from transformer_mt.train.trainer import train
+
+QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.log_every=1"]
+
+
+def load(path):
+    return torch.load(path, weights_only=True)
+
+
+def assert_same_tensors(a, b, what: str) -> None:
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), what
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), what
+        for key in a:
+            assert_same_tensors(a[key], b[key], f"{what}.{key}")
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b), what
+        for index, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same_tensors(x, y, f"{what}[{index}]")
+    else:
+        assert a == b, what
+
+
+def test_three_steps_stop_resume_three_steps_equals_six_steps(tiny_train_job, tmp_path):
+    straight = load(train(tiny_train_job("trainer.max_steps=6", f"run_dir={tmp_path / 'a'}")))
+    train(tiny_train_job("trainer.max_steps=3", f"run_dir={tmp_path / 'b'}"))
+    resumed = load(train(tiny_train_job("trainer.max_steps=6", f"run_dir={tmp_path / 'b'}")))
+    assert straight["step"] == resumed["step"] == 6
+    assert_same_tensors(straight["model"], resumed["model"], "model")
+    assert_same_tensors(straight["optimizer"], resumed["optimizer"], "optimizer")
+    assert straight["scheduler"] == resumed["scheduler"]
+    assert_same_tensors(straight["rng_cpu"], resumed["rng_cpu"], "rng")
+
+
+def test_update_count_and_learning_rate_continue_after_resume(tiny_train_job):
+    train(tiny_train_job("trainer.max_steps=3", *QUICK))
+    state = load(train(tiny_train_job("trainer.max_steps=5", *QUICK)))
+    assert state["step"] == 5 and state["scheduler"]["last_epoch"] == 5
+    # The rate the next update would use: update 6's, not a restarted warm-up's update 3.
+    expected = inverse_sqrt_lr(6, d_model=64, warmup_steps=30, scale=2.0)
+    assert state["optimizer"]["param_groups"][0]["lr"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_another_micro_batch_budget_keeps_the_global_batch_and_the_schedule(tiny_train_job, caplog):
+    first = load(train(tiny_train_job("trainer.max_steps=4", *QUICK)))
+    assert first["progress"]["layout"] == [1, 1500]
+    fraction = first["progress"]["batch_in_epoch"] / first["progress"]["batches_in_epoch"]
+    with caplog.at_level(logging.WARNING):
+        second = load(
+            train(tiny_train_job("trainer.max_steps=6", "trainer.batch_tokens=800", *QUICK))
+        )
+    assert "resuming with another layout" in caplog.text
+    progress = second["progress"]
+    world_size, micro = progress["layout"]
+    assert world_size == 1 and micro <= 800
+    assert second["step"] == 6 and second["scheduler"]["last_epoch"] == 6
+    # Two micro-batches per update now: the same fraction of the epoch, plus 2 updates x 2.
+    resumed_at = round(fraction * progress["batches_in_epoch"])
+    assert progress["batch_in_epoch"] == resumed_at + 2 * 2
+
+
+def test_resuming_with_another_model_shape_names_the_key_and_both_values(tiny_train_job):
+    train(tiny_train_job("trainer.max_steps=2", *QUICK))
+    with pytest.raises(CheckpointError, match=r"model.d_model is 32 in this configuration but 64"):
+        train(tiny_train_job("trainer.max_steps=4", "model.d_model=32", *QUICK))
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tiny_train_job, caplog):
+    job = tiny_train_job("trainer.max_steps=4", "trainer.checkpoint_every=2", *QUICK)
+    last = train(job)
+    folder = last.parent
+    assert load(last)["step"] == 4
+    data = (folder / "step_4.pt").read_bytes()
+    (folder / "step_4.pt").write_bytes(data[: len(data) // 2])  # last.pt is the same file
+    with caplog.at_level(logging.INFO):
+        state = load(train(tiny_train_job("trainer.max_steps=5", *QUICK)))
+    assert "step_4.pt: not a readable checkpoint" in caplog.text
+    assert "resumed from" in caplog.text and "step_2.pt at update 2" in caplog.text
+    assert state["step"] == 5
+
+
+def test_a_file_that_is_not_our_checkpoint_is_refused_clearly(tiny_train_job, tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    torch.save({"weights": torch.zeros(2)}, folder / "last.pt")
+    with pytest.raises(CheckpointError, match="no readable checkpoint.*not a transformer_mt"):
+        train(tiny_train_job("trainer.max_steps=2", *QUICK))
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(tiny_train_job, monkeypatch):
+    last = train(tiny_train_job("trainer.max_steps=2", *QUICK))
+    real_save = torch.save
+
+    def disk_fills_up(obj, handle, *args, **kwargs):
+        real_save(obj, handle, *args, **kwargs)
+        handle.truncate(1000)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoint_module.torch, "save", disk_fills_up)
+    with pytest.raises(CheckpointError, match=r"step_4.pt \(.*No space left.*previous checkpoint"):
+        train(tiny_train_job("trainer.max_steps=4", *QUICK))
+    monkeypatch.setattr(checkpoint_module.torch, "save", real_save)
+    assert load(last)["step"] == 2
+    assert not list(last.parent.glob(".*.tmp"))
+
+
+def test_non_finite_updates_are_skipped_then_stop_the_run(tiny_train_job, monkeypatch, caplog):
+    real_loss = trainer_module.label_smoothed_loss
+    calls = {"n": 0}
+
+    def loss_that_overflows_from_the_third_update(*args, **kwargs):
+        calls["n"] += 1
+        sums = real_loss(*args, **kwargs)
+        if calls["n"] >= 3:
+            sums = sums._replace(loss=sums.loss * float("inf"))
+        return sums
+
+    monkeypatch.setattr(
+        trainer_module, "label_smoothed_loss", loss_that_overflows_from_the_third_update
+    )
+    job = tiny_train_job(
+        "trainer.max_steps=50",
+        "trainer.checkpoint_every=2",
+        "trainer.max_nonfinite_updates=3",
+        *QUICK,
+    )
+    with caplog.at_level(logging.INFO):
+        last = train(job)
+    state = load(last)
+    assert "3 updates in a row had a non-finite gradient" in caplog.text
+    assert state["step"] == 5 and state["progress"]["skipped_updates"] == 3
+    # The skipped updates changed neither the parameters nor Adam's moments.
+    after_two = load(last.parent / "step_2.pt")
+    assert_same_tensors(after_two["model"], state["model"], "model")
+    assert_same_tensors(after_two["optimizer"]["state"], state["optimizer"]["state"], "optimizer")
+
+
+def test_resume_never_refuses_to_start_over_checkpoints(tiny_train_job):
+    train(tiny_train_job("trainer.max_steps=1", *QUICK))
+    with pytest.raises(ConfigError, match="trainer.resume=never"):
+        train(tiny_train_job("trainer.max_steps=2", "trainer.resume=never", *QUICK))
+
+
+def test_patience_stops_when_validation_bleu_does_not_improve(tiny_train_job, caplog):
+    job = tiny_train_job(
+        "trainer.max_steps=50",
+        "optim.lr_scale=1e-9",  # nothing is learnt: BLEU stays where it was
+        "trainer.valid_every=2",
+        "trainer.valid_bleu_sentences=10",
+        "trainer.patience=2",
+        "trainer.log_every=1",
+    )
+    with caplog.at_level(logging.INFO):
+        last = train(job)
+    assert "no better validation score in 2 validations" in caplog.text
+    assert "BLEU" in caplog.text
+    assert load(last)["step"] == 6
+    assert load(last.parent / "best.pt")["step"] == 2

@@ -1,0 +1,91 @@
+"""What a checkpoint must carry for a run to continue exactly, and the checks on resuming.
+
+Exact: model, optimizer, learning-rate schedule, gradient scaler, every rank's RNG and the data
+position, when the run resumes with the same number of ranks and micro-batch budget. With another
+layout the global batch and the schedule still continue; the data position becomes the same
+fraction of the epoch in the new layout's batch order (approximate, see README).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from transformer_mt.config import ModelConfig
+from transformer_mt.errors import CheckpointError
+from transformer_mt.train.distributed import Ranks
+
+log = logging.getLogger(__name__)
+
+# Model settings that change parameter shapes or what the parameters mean.
+SHAPE_KEYS = (
+    "d_model",
+    "n_heads",
+    "d_ff",
+    "n_encoder_layers",
+    "n_decoder_layers",
+    "norm_first",
+    "max_positions",
+)
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_in_epoch: int = 0  # this rank's position in the epoch's batch list
+    batches_in_epoch: int = 0  # length of that list
+    layout: list[int] = field(default_factory=list)  # [world_size, micro_batch_tokens]
+    train_seconds: float = 0.0
+    skipped_updates: int = 0  # non-finite gradients
+    best_score: float | None = None  # validation BLEU, or -loss when BLEU is off
+    validations_without_improvement: int = 0
+
+    @classmethod
+    def from_state(cls, saved: dict) -> Progress:
+        known = {name: saved[name] for name in cls.__dataclass_fields__ if name in saved}
+        return cls(**known)
+
+
+def check_model_matches(
+    saved: dict, model: ModelConfig, vocab_sizes: dict[str, int | None], path: Path
+) -> None:
+    """CheckpointError naming the first setting that differs from the checkpoint's."""
+    current = {**{key: getattr(model, key) for key in SHAPE_KEYS}, **vocab_sizes}
+    stored = {**saved.get("model_config", {}), **{k: saved.get(k) for k in vocab_sizes}}
+    for key, value in current.items():
+        if key in stored and stored[key] != value:
+            name = f"model.{key}" if key in SHAPE_KEYS else f"the tokenizer's {key}"
+            raise CheckpointError(
+                f"{path}: {name} is {value} in this configuration but {stored[key]} in the "
+                f"checkpoint; use a new run_dir, or restore {name}={stored[key]}"
+            )
+
+
+def rng_states(ranks: Ranks, device: torch.device) -> dict[str, list[torch.Tensor]]:
+    """Every rank's RNG states (a collective: all ranks call it)."""
+    states = {"rng_cpu": ranks.gather(torch.get_rng_state())}
+    if device.type == "cuda":
+        states["rng_cuda"] = ranks.gather(torch.cuda.get_rng_state(device))
+    else:
+        states["rng_cuda"] = []
+    return states
+
+
+def restore_rng(state: dict, ranks: Ranks, device: torch.device, seed: int, step: int) -> bool:
+    """This rank's saved RNG states; with another number of ranks, fresh seeds (returns False)."""
+    cpu = state.get("rng_cpu", [])
+    cpu = [cpu] if isinstance(cpu, torch.Tensor) else cpu
+    if len(cpu) != ranks.world_size:
+        torch.manual_seed(seed + 1_000_003 * (step + 1) + ranks.rank)
+        return False
+    torch.set_rng_state(cpu[ranks.rank])
+    cuda = state.get("rng_cuda", [])
+    if device.type == "cuda" and len(cuda) == ranks.world_size:
+        torch.cuda.set_rng_state(cuda[ranks.rank], device)
+    return True

@@ -1,0 +1,44 @@
+"""Stop requests by signal: a cluster's pre-emption (SIGTERM, SIGUSR1) or Ctrl-C (SIGINT).
+
+The training loop asks `received` at the end of each update, saves a checkpoint and exits
+cleanly. A second Ctrl-C interrupts at once (Python's default), for a user who will not wait.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+
+
+class StopSignals:
+    """While installed (a context manager), records the first stop signal instead of dying."""
+
+    def __init__(self) -> None:
+        self.received: str | None = None
+        self.previous: dict[int, object] = {}
+
+    def __enter__(self) -> StopSignals:
+        self.previous = {sig: signal.signal(sig, self.handle) for sig in STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
+
+    def handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.received is None:
+            log.warning("%s received: saving a checkpoint after this update, then stopping", name)
+            self.received = name
+        if signum == signal.SIGINT:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def ignore_stop_signals(worker_id: int = 0) -> None:
+    """DataLoader workers leave stop signals to the training process (worker_init_fn)."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
