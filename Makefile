@@ -8,6 +8,10 @@ TORCH_VERSION ?= 2.13.0
 # Run folder for eval / translate (train writes runs/<data>_<model> unless run_dir=... is given).
 RUN ?= runs/wmt14_en_de_base
 ARGS ?=
+# Processes (GPUs) for make train: 1 runs plainly, more run under torchrun on this machine.
+NPROC ?= 1
+# Checkpoints averaged by make average (the paper: 5 for base, 20 for big).
+N ?= 5
 
 # A CPU-only machine gets the CPU wheel (no multi-GB CUDA download); a GPU machine gets PyPI's
 # default Linux build, which is the CUDA one.
@@ -18,7 +22,7 @@ else
 TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
 endif
 
-.PHONY: help install demo prepare train eval translate test bench bench-data lint clean
+.PHONY: help install demo prepare train average eval translate test bench bench-data fault-drill lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -41,8 +45,15 @@ demo: $(STAMP) ## train on the embedded toy corpus, then print test BLEU (minute
 prepare: $(STAMP) ## clean, tokenize and binarize the corpus only (train does it when needed)
 	$(BIN)/tmt-prepare $(ARGS)
 
-train: $(STAMP) ## train (default: WMT14 en-de, the paper's base model); ARGS="model=big ..."
+train: $(STAMP) ## train (default: WMT14 en-de, base model); NPROC=8 for 8 GPUs; ARGS="model=big ..."
+ifeq ($(NPROC),1)
 	$(BIN)/tmt-train $(ARGS)
+else
+	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(BIN)/tmt-train $(ARGS)
+endif
+
+average: $(STAMP) ## average the newest N (default 5) checkpoints of RUN into averaged.pt
+	$(BIN)/tmt-average run_dir=$(RUN) last=$(N) $(ARGS)
 
 eval: $(STAMP) ## translate the test split of RUN with beam search and score it with sacreBLEU
 	$(BIN)/tmt-eval run_dir=$(RUN) $(ARGS)
@@ -53,11 +64,15 @@ translate: $(STAMP) ## translate lines from stdin to stdout with the model in RU
 test: $(STAMP) ## run the test suite
 	$(BIN)/pytest -q --durations=8 $(ARGS)
 
-bench: $(STAMP) ## training throughput of our model (target tokens/s, GFLOP/s, peak memory)
+bench: $(STAMP) ## training throughput: ours vs transformers' Marian (tokens/s, GFLOP/s, memory)
+	@$(BIN)/python -c "import transformers" 2>/dev/null || $(BIN)/pip install --quiet -e ".[bench]" >&2 || true
 	$(BIN)/python scripts/bench_train.py $(ARGS)
 
 bench-data: $(STAMP) ## data preparation at WMT scale: pairs/s, peak RSS, padding, shared stores
 	$(BIN)/python scripts/bench_data.py $(ARGS)
+
+fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters
+	$(BIN)/python scripts/fault_drill.py $(ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check transformer_mt tests scripts

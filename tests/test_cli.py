@@ -60,7 +60,7 @@ def test_mismatched_parallel_files_are_named(tmp_path):
 def test_translate_keeps_one_output_line_per_input_line(tmp_path):
     """Unicode line separators inside a line must not split it; invalid UTF-8 is named."""
     from transformer_mt.config import compose_job
-    from transformer_mt.train.trainer import train
+    from transformer_mt.train.run import train
 
     overrides = [
         "data=toy",

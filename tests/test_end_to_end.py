@@ -14,7 +14,7 @@ from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.evaluate import evaluate
-from transformer_mt.train.trainer import train
+from transformer_mt.train.run import train
 
 
 @pytest.mark.slow
@@ -26,7 +26,15 @@ def test_train_checkpoint_translate_bleu(tiny_train_job, tmp_path):
     run_dir = checkpoint.parents[1]
     for name in ("config.yaml", "spm.model", "prepared.json"):
         assert (run_dir / name).is_file(), name
-    assert any((run_dir / "tensorboard").iterdir())
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir / "tensorboard"))
+    events.Reload()
+    logged = set(events.Tags()["scalars"])
+    for tag in ("tokens_per_s", "tflops_per_s", "padding", "skipped_updates", "lr", "grad_norm"):
+        assert f"train/{tag}" in logged, tag
+    assert {"valid/loss", "valid/ppl", "valid/bleu"} <= logged
+    assert (run_dir / "checkpoints" / "best.pt").is_file()
 
     scores = evaluate(compose_job("eval", [f"run_dir={run_dir}", "decode.beam_size=2"]))
     assert scores["sentences"] == 40

@@ -15,7 +15,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
-from transformer_mt.config import CONFIG_DIR, EvalJob, TrainJob, TranslateJob, register_configs
+from transformer_mt.config import (
+    CONFIG_DIR,
+    AverageJob,
+    EvalJob,
+    TrainJob,
+    TranslateJob,
+    register_configs,
+)
 from transformer_mt.errors import TransformerMTError
 
 log = logging.getLogger("transformer_mt")
@@ -70,7 +77,7 @@ def prepare_main(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def train_main(cfg: DictConfig) -> None:
     """tmt-train: prepare the data, train, checkpoint into run_dir."""
-    from transformer_mt.train.trainer import train
+    from transformer_mt.train.run import train
 
     def task() -> None:
         started = time.perf_counter()
@@ -80,6 +87,25 @@ def train_main(cfg: DictConfig) -> None:
             (time.perf_counter() - started) / 60,
             checkpoint,
         )
+
+    run_reporting_errors(task)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="average")
+def average_main(cfg: DictConfig) -> None:
+    """tmt-average: average the newest checkpoints of a run into one (the paper's last 5 / 20)."""
+    from pathlib import Path
+
+    from transformer_mt.train.average import average_checkpoints, newest_step_checkpoints
+    from transformer_mt.train.checkpoint import resolve_checkpoint, save_checkpoint
+
+    def task() -> None:
+        job = to_job(cfg, AverageJob)
+        run_dir = Path(job.run_dir)
+        paths = newest_step_checkpoints(run_dir / "checkpoints", job.last)
+        output = resolve_checkpoint(run_dir, job.output)
+        save_checkpoint(average_checkpoints(paths), output)
+        log.info("averaged %s into %s", ", ".join(p.name for p in paths), output)
 
     run_reporting_errors(task)
 

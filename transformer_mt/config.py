@@ -246,12 +246,25 @@ class TranslateJob:
     decode: DecodeConfig
 
 
+@dataclass(kw_only=True)
+class AverageJob:
+    """`tmt-average`: the mean of a run's newest checkpoints, for eval and translate."""
+
+    run_dir: str
+    """Run folder written by `tmt-train`."""
+    last: int = 5
+    """How many of the newest step checkpoints to average (the paper: 5 for base, 20 for big)."""
+    output: str = "averaged.pt"
+    """File name inside run_dir/checkpoints, or a path; `make eval ARGS=checkpoint=averaged.pt`."""
+
+
 def register_configs() -> None:
     """Register the schemas that the YAML files in configs/ extend."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainJob)
     store.store(name="eval_schema", node=EvalJob)
     store.store(name="translate_schema", node=TranslateJob)
+    store.store(name="average_schema", node=AverageJob)
     store.store(group="data", name="data_schema", node=DataConfig)
     store.store(group="model", name="model_schema", node=ModelConfig)
     store.store(group="optim", name="optim_schema", node=OptimConfig)

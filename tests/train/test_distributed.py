@@ -15,7 +15,7 @@ import torch
 from transformer_mt.config import compose_job
 from transformer_mt.data.batching import target_fill, token_batches
 from transformer_mt.data.prepare import prepare
-from transformer_mt.train.trainer import train
+from transformer_mt.train.run import train
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,8 @@ import torch
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.train import checkpoint as checkpoint_module
 from transformer_mt.train import trainer as trainer_module
+from transformer_mt.train.run import train
 from transformer_mt.train.schedule import inverse_sqrt_lr
-from transformer_mt.train.trainer import train
 
 QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.log_every=1"]
 
@@ -171,3 +171,18 @@ def test_patience_stops_when_validation_bleu_does_not_improve(tiny_train_job, ca
     assert "BLEU" in caplog.text
     assert load(last)["step"] == 6
     assert load(last.parent / "best.pt")["step"] == 2
+
+
+def test_time_based_checkpoints(tiny_train_job):
+    job = tiny_train_job(
+        "trainer.max_steps=3",
+        "trainer.checkpoint_every=1000",
+        "trainer.checkpoint_every_minutes=0.00001",  # due after every update
+        *QUICK,
+    )
+    folder = train(job).parent
+    assert sorted(p.name for p in folder.glob("step_*.pt")) == [
+        "step_1.pt",
+        "step_2.pt",
+        "step_3.pt",
+    ]

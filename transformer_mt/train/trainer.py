@@ -1,5 +1,5 @@
-"""The training loop: global-batch updates over ranks and micro-batches, validation, stopping
-rules and checkpoints that let any interrupted run continue exactly."""
+"""The Trainer: global-batch updates over ranks and micro-batches, validation, stopping rules
+and checkpoints that let any interrupted run continue exactly."""
 
 from __future__ import annotations
 
@@ -15,14 +15,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from transformer_mt.config import TrainJob, validate_train
+from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import Batch, BatchDataset, plan_batches, token_batches
-from transformer_mt.data.prepare import PreparedData, prepare
+from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.device import autocast_dtype, autocast_for
 from transformer_mt.errors import CheckpointError, ConfigError
-from transformer_mt.files import write_text_atomically
-from transformer_mt.model import Transformer, count_parameters
+from transformer_mt.model import Transformer
 from transformer_mt.train.checkpoint import (
     load_checkpoint,
     load_newest_readable,
@@ -32,9 +31,10 @@ from transformer_mt.train.checkpoint import (
     save_checkpoint,
     step_checkpoints,
 )
-from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
+from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.flops import peak_flops, step_flops
 from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.monitor import NonFiniteUpdates, window_scalars
 from transformer_mt.train.run_state import (
     Progress,
     check_model_matches,
@@ -51,27 +51,6 @@ log = logging.getLogger(__name__)
 def config_dict(cfg) -> dict:
     """A dataclass config as plain Python values (safe for torch.load(weights_only=True))."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
-
-
-class NonFiniteUpdates:
-    """Counts skipped updates on the device; read (a host sync) only at logging intervals."""
-
-    def __init__(self, device: torch.device):
-        self.total = torch.zeros((), dtype=torch.int64, device=device)
-        self.in_a_row = torch.zeros_like(self.total)
-        self.longest_run = torch.zeros_like(self.total)
-
-    def add(self, nonfinite: torch.Tensor) -> None:
-        self.total += nonfinite
-        self.in_a_row = (self.in_a_row + 1) * nonfinite
-        self.longest_run = torch.maximum(self.longest_run, self.in_a_row)
-
-    def read(self) -> tuple[int, int]:
-        """(skipped since the last read, the longest run of them in a row); starts a new count."""
-        total, longest = int(self.total), int(self.longest_run)
-        self.total.zero_()
-        self.longest_run.copy_(self.in_a_row)
-        return total, longest
 
 
 class Trainer:
@@ -394,29 +373,14 @@ class Trainer:
         self.progress.skipped_updates += skipped
         if not self.ranks.is_main:
             return self.nonfinite_stop(in_a_row)
-        tokens = sum(m["tokens"] for m in window)
-        loss = float(sum(m["loss"] * m["tokens"] for m in window)) / tokens
-        nll = float(sum(m["nll"] * m["tokens"] for m in window)) / tokens
-        flops_per_s = sum(m["flops"] for m in window) / max(seconds, 1e-9)
-        scalars = {
-            "loss": loss,
-            "nll": nll,
-            "ppl": math.exp(min(nll, 50.0)),
-            "lr": window[-1]["lr"],
-            "grad_norm": float(window[-1]["grad_norm"]),
-            "tokens_per_s": tokens / max(seconds, 1e-9),
-            "tflops_per_s": flops_per_s / 1e12,  # this rank's
-            "padding": sum(m["padding"] for m in window) / len(window),
-            "skipped_updates": self.progress.skipped_updates,
-        }
-        if self.peak_flops:
-            scalars["mfu"] = flops_per_s / self.peak_flops
+        scalars = window_scalars(window, seconds, self.peak_flops)
+        scalars["skipped_updates"] = self.progress.skipped_updates
         if self.device.type == "cuda":
             scalars["memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         for name, value in scalars.items():
             self.writer.add_scalar(f"train/{name}", value, self.progress.step)
         bar.set_postfix(
-            loss=f"{loss:.3f}",
+            loss=f"{scalars['loss']:.3f}",
             ppl=f"{scalars['ppl']:.1f}",
             lr=f"{scalars['lr']:.2e}",
             tok_s=f"{scalars['tokens_per_s']:.0f}",
@@ -502,62 +466,3 @@ class Trainer:
         if window:  # the last, partial logging window
             reason = self.log_train(window, time.perf_counter() - window_start, bar) or reason
         return reason
-
-
-def train(cfg: TrainJob) -> Path:
-    """Prepare data, train, validate and checkpoint into cfg.run_dir; return the last checkpoint.
-    Under torchrun every rank calls it; rank 0 prepares data and writes files."""
-    validate_train(cfg)
-    ranks, device = start_ranks(cfg.trainer.device)
-    try:
-        return train_ranks(cfg, ranks, device)
-    finally:
-        stop_ranks(ranks)
-
-
-def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device) -> Path:
-    run_dir = Path(cfg.run_dir)
-    # Absolute paths, so that eval and translate find the corpus from any working directory.
-    cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
-    if cfg.data.dir is not None:
-        cfg.data.dir = str(Path(cfg.data.dir).resolve())
-    if ranks.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
-        write_text_atomically(run_dir / "config.yaml", config_yaml)
-        data = prepare(cfg.data, run_dir)
-        ranks.barrier()
-    else:
-        logging.getLogger("transformer_mt").setLevel(logging.WARNING)
-        ranks.barrier()
-        data = prepare(cfg.data, run_dir, main_process=False)
-    if cfg.trainer.num_threads:
-        torch.set_num_threads(cfg.trainer.num_threads)
-    torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
-    trainer = Trainer(cfg, data, device, ranks)
-    if ranks.rank:
-        torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
-    log.info(
-        "model: %s parameters (%s) on %s; %s",
-        f"{count_parameters(trainer.model):,}",
-        cfg.model.name,
-        device,
-        trainer.plan.describe(),
-    )
-    trainer.resume()
-    reason = trainer.fit()
-    log.info(
-        "stopped: %s after %d updates, %.1f min of training",
-        reason,
-        trainer.progress.step,
-        trainer.progress.train_seconds / 60,
-    )
-    if trainer.signals.received is None:  # pre-emption leaves no time for more
-        improved = False
-        if trainer.validated_step != trainer.progress.step:
-            improved, _ = trainer.validate_and_judge()
-        if improved or trainer.saved_step != trainer.progress.step:
-            trainer.save(best=improved)
-    if trainer.writer:
-        trainer.writer.close()
-    return trainer.checkpoint_dir / "last.pt"
