@@ -27,6 +27,7 @@ class SourceKind(str, Enum):
 class Strategy(str, Enum):
     beam = "beam"
     greedy = "greedy"
+    sample = "sample"
 
 
 @dataclass(kw_only=True)
@@ -192,15 +193,30 @@ class DecodeConfig:
     """Search settings used by eval and translate."""
 
     strategy: Strategy = Strategy.beam
-    """beam or greedy."""
+    """beam, greedy, or sample (one random draw per sentence, e.g. for back-translation)."""
     beam_size: int = 4
     """Hypotheses kept per sentence."""
+    nbest: int = 1
+    """Translations per sentence returned by Translator.translate_nbest, best first (beam: at
+    most beam_size; greedy and sample give one)."""
     length_penalty: float = 0.6
     """GNMT alpha: scores are divided by ((5 + length) / 6) ** alpha."""
     max_len_a: float = 1.0
     """Maximum output length = max_len_a * source length + max_len_b (in pieces)."""
     max_len_b: int = 50
     """See max_len_a."""
+    min_len: int = 0
+    """No EOS before this many output pieces (EOS not counted); the maximum length wins where
+    the two conflict. 0: no minimum (the paper's)."""
+    temperature: float = 1.0
+    """sample: log-probabilities are divided by it before drawing (< 1 sharper, > 1 flatter)."""
+    top_k: int = 0
+    """sample: draw from the k most probable pieces only (0: from all)."""
+    top_p: float = 1.0
+    """sample: draw from the smallest set of most probable pieces whose probability reaches
+    top_p (nucleus sampling; 1.0: from all)."""
+    seed: int = 1
+    """sample: seed of the translator's own random generator (the global RNG is not used)."""
     batch_tokens: int = 4000
     """Source tokens per decoding batch."""
 
@@ -322,6 +338,17 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
     )
     _require(cfg.max_len_b >= 1, f"{key}.max_len_b", f"must be >= 1, got {cfg.max_len_b}")
     _require(cfg.max_len_a >= 0, f"{key}.max_len_a", f"must be >= 0, got {cfg.max_len_a}")
+    _require(cfg.min_len >= 0, f"{key}.min_len", f"must be >= 0, got {cfg.min_len}")
+    _require(cfg.nbest >= 1, f"{key}.nbest", f"must be >= 1, got {cfg.nbest}")
+    if cfg.strategy == Strategy.beam:  # greedy and sample give one, whatever nbest says
+        _require(
+            cfg.nbest <= cfg.beam_size,
+            f"{key}.nbest",
+            f"must be <= {key}.beam_size={cfg.beam_size}, got {cfg.nbest}",
+        )
+    _require(cfg.temperature > 0, f"{key}.temperature", f"must be > 0, got {cfg.temperature}")
+    _require(cfg.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0: off), got {cfg.top_k}")
+    _require(0.0 < cfg.top_p <= 1.0, f"{key}.top_p", f"must be in (0, 1] (1: off), got {cfg.top_p}")
 
 
 def validate_data(data: DataConfig) -> None:

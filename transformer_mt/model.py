@@ -47,6 +47,13 @@ class DecoderCache:
         self.self_k = [k.index_select(0, index) for k in self.self_k]
         self.self_v = [v.index_select(0, index) for v in self.self_v]
 
+    def keep(self, index: Tensor) -> None:
+        """Keep rows `index` of everything, cross-attention keys and values included (search:
+        finished sentences leave the batch)."""
+        self.reorder(index)
+        self.cross_k = [k.index_select(0, index) for k in self.cross_k]
+        self.cross_v = [v.index_select(0, index) for v in self.cross_v]
+
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
     """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...): (max_positions, D)."""

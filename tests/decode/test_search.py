@@ -8,29 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_mt.config import ModelConfig
 from transformer_mt.decode.search import beam_search, greedy_search, length_penalty
 from transformer_mt.model import Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-
-
-def random_model(vocab: int, seed: int) -> Transformer:
-    torch.manual_seed(seed)
-    cfg = ModelConfig(
-        name="t",
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_encoder_layers=1,
-        n_decoder_layers=2,
-        dropout=0.0,
-        max_positions=64,
-    )
-    model = Transformer(cfg, vocab_size=vocab, pad_id=PAD).eval()
-    with torch.no_grad():  # sharpen the output distribution so the search has real choices to make
-        model.embed.weight.mul_(4.0)
-    return model
 
 
 def sequence_log_prob(model: Transformer, src: torch.Tensor, tokens: list[int]) -> float:
@@ -41,7 +22,7 @@ def sequence_log_prob(model: Transformer, src: torch.Tensor, tokens: list[int]) 
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_beam_search_finds_best_sequence_by_exhaustive_search(seed):
+def test_beam_search_finds_best_sequence_by_exhaustive_search(random_model, seed):
     model = random_model(vocab=6, seed=seed)
     src = torch.tensor([[4, 5, 4, EOS]])
     max_len, alpha = 4, 0.6  # outputs of at most 4 tokens, EOS included
@@ -69,7 +50,7 @@ def test_beam_search_finds_best_sequence_by_exhaustive_search(seed):
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_of_one_equals_greedy(seed):
+def test_beam_of_one_equals_greedy(random_model, seed):
     model = random_model(vocab=20, seed=seed)
     generator = torch.Generator().manual_seed(seed)
     src = torch.randint(4, 20, (5, 6), generator=generator)
@@ -81,7 +62,7 @@ def test_beam_of_one_equals_greedy(seed):
     assert [h.tokens for h in greedy] == [hyps[0].tokens for hyps in beam]
 
 
-def test_nbest_lists_are_ordered_and_scored():
+def test_nbest_lists_are_ordered_and_scored(random_model):
     model = random_model(vocab=20, seed=5)
     src = torch.randint(4, 20, (3, 5), generator=torch.Generator().manual_seed(5))
     nbest = beam_search(model, src, beam_size=4, bos_id=BOS, eos_id=EOS, alpha=0.6, max_len_b=8)
@@ -96,7 +77,7 @@ def test_nbest_lists_are_ordered_and_scored():
             )
 
 
-def test_output_respects_length_limit():
+def test_output_respects_length_limit(random_model):
     model = random_model(vocab=20, seed=7)
     src = torch.tensor(
         [[5, 6, 7, EOS], [8, 9, EOS, PAD]]
@@ -110,3 +91,117 @@ def test_length_penalty_is_gnmt_formula():
     assert length_penalty(1, 0.6) == pytest.approx(1.0)
     assert length_penalty(10, 0.6) == pytest.approx((15 / 6) ** 0.6)
     assert length_penalty(7, 0.0) == 1.0
+
+
+def varied_lengths_batch(vocab: int, seed: int) -> torch.Tensor:
+    """Six sources of 1 to 8 tokens plus EOS, right-padded: (6, 9)."""
+    src = torch.randint(4, vocab, (6, 9), generator=torch.Generator().manual_seed(seed))
+    for row, length in enumerate([9, 3, 6, 2, 8, 4]):
+        src[row, length - 1] = EOS
+        src[row, length:] = PAD
+    return src
+
+
+def count_decoder_rows(model: Transformer) -> list[int]:
+    """Record the batch size of every model.decode call from now on."""
+    rows, decode = [], model.decode
+
+    def recording_decode(tgt_in, encoded, cache=None):
+        rows.append(tgt_in.shape[0])
+        return decode(tgt_in, encoded, cache)
+
+    model.decode = recording_decode
+    return rows
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_pruning_finished_sentences_changes_nothing_but_the_work(random_model, seed):
+    model = random_model(vocab=20, seed=seed, sharpen=2.0, eos_bonus=3.0)
+    src = varied_lengths_batch(20, seed)
+    rows = count_decoder_rows(model)
+    search = {"beam_size": 3, "bos_id": BOS, "eos_id": EOS, "max_len_b": 10}
+    pruned = beam_search(model, src, **search)
+    pruned_rows = list(rows)
+    rows.clear()
+    kept = beam_search(model, src, prune_finished=False, **search)
+    assert set(rows) == {6 * 3}  # without pruning every step decodes every sentence's beams
+    assert pruned_rows[0] == 6 * 3 and pruned_rows[-1] < 6 * 3  # done sentences left the batch
+    assert pruned_rows == sorted(pruned_rows, reverse=True)
+    for with_pruning, without in zip(pruned, kept, strict=True):
+        assert [h.tokens for h in with_pruning] == [h.tokens for h in without]
+        assert [h.score for h in with_pruning] == pytest.approx([h.score for h in without])
+
+
+def test_greedy_rows_leave_the_batch_at_eos_without_changing_outputs(random_model):
+    model = random_model(vocab=20, seed=2, sharpen=2.0, eos_bonus=3.0)
+    src = varied_lengths_batch(20, 2)
+    rows = count_decoder_rows(model)
+    batched = greedy_search(model, src, bos_id=BOS, eos_id=EOS, max_len_b=10)
+    assert rows[-1] < rows[0] == 6
+    for row, hypothesis in enumerate(batched):
+        length = int((src[row] != PAD).sum())
+        (alone,) = greedy_search(model, src[[row], :length], bos_id=BOS, eos_id=EOS, max_len_b=10)
+        assert alone.tokens == hypothesis.tokens
+        assert alone.score == pytest.approx(hypothesis.score, abs=1e-5)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_beam_search_with_min_len_finds_best_long_enough_sequence(random_model, seed):
+    model = random_model(vocab=6, seed=seed, sharpen=2.0, eos_bonus=3.0)
+    src = torch.tensor([[4, 5, EOS]])  # EOS is favoured from the third output token on
+    max_len, min_len, alpha = 5, 3, 0.6
+    candidates = []
+    for length in range(min_len, max_len):
+        for body in itertools.product([UNK, 4, 5], repeat=length):
+            tokens = [*body, EOS]
+            score = sequence_log_prob(model, src, tokens) / length_penalty(len(tokens), alpha)
+            candidates.append((score, list(body)))
+    (unconstrained,) = beam_search(
+        model, src, beam_size=1, bos_id=BOS, eos_id=EOS, max_len_a=0.0, max_len_b=max_len
+    )
+    assert len(unconstrained[0].tokens) < min_len  # so min_len has something to change
+    (hyps,) = beam_search(
+        model,
+        src,
+        beam_size=200,  # more than the 27 + 81 hypotheses: exhaustive
+        bos_id=BOS,
+        eos_id=EOS,
+        alpha=alpha,
+        max_len_a=0.0,
+        max_len_b=max_len,
+        min_len=min_len,
+    )
+    assert len(hyps) == len(candidates)
+    best_score, best_tokens = max(candidates)
+    assert hyps[0].tokens == best_tokens
+    assert hyps[0].score == pytest.approx(best_score, abs=1e-5)
+
+
+def test_min_len_holds_for_greedy_and_beam_and_the_length_limit_wins(random_model):
+    model = random_model(vocab=20, seed=0, sharpen=1.0, eos_bonus=4.0)
+    src = varied_lengths_batch(20, 0)
+    limits = {"bos_id": BOS, "eos_id": EOS, "max_len_a": 0.0, "max_len_b": 6}  # 5 tokens + EOS
+    greedy = greedy_search(model, src, **limits)
+    assert min(len(h.tokens) for h in greedy) < 4  # so min_len has something to change
+    greedy = greedy_search(model, src, min_len=4, **limits)
+    nbest = beam_search(model, src, beam_size=3, min_len=4, **limits)
+    assert min(len(h.tokens) for h in greedy) == 4
+    assert min(len(h.tokens) for hyps in nbest for h in hyps) == 4
+    greedy = greedy_search(model, src, min_len=9, **limits)
+    nbest = beam_search(model, src, beam_size=3, min_len=9, **limits)
+    assert {len(h.tokens) for h in greedy} == {len(h.tokens) for hyps in nbest for h in hyps} == {5}
+
+
+@pytest.mark.parametrize(
+    "length,alpha,expected",
+    [
+        (1, 0.6, 1.0),  # (5 + 1) / 6 = 1: no penalty for a single token, whatever alpha
+        (7, 0.0, 1.0),  # alpha 0: plain log-probabilities
+        (10, 1.0, 2.5),  # (5 + 10) / 6
+        (13, 2.0, 9.0),  # ((5 + 13) / 6) ** 2 = 3 ** 2
+        (19, 0.5, 2.0),  # sqrt((5 + 19) / 6) = sqrt(4)
+        (10, 0.6, 2.5**0.6),  # the paper's alpha
+    ],
+)
+def test_length_penalty_matches_gnmt_formula_exactly(length, alpha, expected):
+    assert length_penalty(length, alpha) == expected

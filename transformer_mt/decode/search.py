@@ -1,13 +1,25 @@
-"""Greedy and beam search over a Transformer's encode / decode interface (tensors only).
+"""Greedy and beam search over a Transformer's encode / decode interface (tensors only; sampling,
+which shares the greedy loop, is in sampling.py).
 
-Beam search is a pure step (`beam_step`: best candidates from log-probabilities) inside a small
-loop that keeps finished hypotheses and reorders the KV cache by each survivor's origin.
-Scores are length-normalised with the GNMT penalty lp(Y) = ((5 + |Y|) / 6) ** alpha, where |Y|
-counts the generated tokens including EOS.
+Every search is batched over sentences (times beams) with the decoder's KV cache; cross-attention
+keys and values are computed once, at the first step. A sentence that is done leaves the batch:
+its rows are dropped from the tokens, the encoder output and the cache, so later steps compute
+only live sentences.
+
+Beam search is a pure step (`beam_step` and `survivors`: best candidates from log-probabilities)
+inside a small loop that keeps finished hypotheses and reorders the KV cache by each survivor's
+origin. Scores are length-normalised with the GNMT penalty lp(Y) = ((5 + |Y|) / 6) ** alpha,
+where |Y| counts the generated tokens including EOS.
+
+Stopping rule (fairseq's): a sentence is done once it holds beam_size finished hypotheses (an EOS
+among the best beam_size of the 2 * beam_size candidates of a step finishes one), or at its
+length limit. This is the usual "stop early" approximation, not a bound: with alpha > 0 a live
+hypothesis could still end with a better normalised score. It makes a beam of one exactly greedy.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +32,7 @@ from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: list[int]  # without BOS and EOS
-    score: float  # beam search: length-penalised sum of log-probabilities; greedy: the plain sum
+    score: float  # beam search: length-penalised sum of log-probabilities; else the plain sum
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -35,15 +47,96 @@ def max_lengths(src_keep: Tensor, max_len_a: float, max_len_b: int, limit: int) 
 
 
 def next_log_probs(
-    model: Transformer, last: Tensor, encoded: EncoderOutput, cache: DecoderCache, banned: list[int]
+    model: Transformer,
+    last: Tensor,
+    encoded: EncoderOutput,
+    cache: DecoderCache,
+    at_limit: Tensor,
+    *,
+    step: int,
+    min_len: int,
+    bos_id: int,
+    eos_id: int,
 ) -> Tensor:
+    """Log-probabilities (N, V) of the token after `last` (N, 1), the `step`-th generated one.
+
+    PAD and BOS are banned, EOS before min_len generated tokens, and anything but EOS in rows
+    `at_limit` (N,); the limit wins over min_len. Banned tokens get -inf, without renormalising.
+    """
     logits = model.decode(last, encoded, cache)[:, -1]  # (N, V)
     log_probs = F.log_softmax(logits.float(), dim=-1)
-    log_probs[:, banned] = -torch.inf
+    eos = log_probs[:, eos_id].clone()
+    log_probs[:, [model.pad_id, bos_id]] = -torch.inf
+    if step < min_len:
+        log_probs[:, eos_id] = -torch.inf
+    if bool(at_limit.any()):
+        log_probs[at_limit] = -torch.inf
+        log_probs[at_limit, eos_id] = eos[at_limit]
     return log_probs
 
 
+def keep_rows(encoded: EncoderOutput, cache: DecoderCache, rows: Tensor) -> EncoderOutput:
+    """Rows `rows` of the encoder output and of the whole cache: finished sentences leave."""
+    cache.keep(rows)
+    return EncoderOutput(
+        encoded.memory.index_select(0, rows), encoded.src_keep.index_select(0, rows)
+    )
+
+
+Choose = Callable[[Tensor], Tensor]
+"""Picks one token per row (N,) from next-token log-probabilities (N, V)."""
+
+
 @torch.no_grad()
+def single_path_search(
+    model: Transformer,
+    src: Tensor,
+    choose: Choose,
+    *,
+    bos_id: int,
+    eos_id: int,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    min_len: int = 0,
+) -> list[Hypothesis]:
+    """One hypothesis per sentence, one token per step picked by `choose` (greedy: the most
+    probable; sampling: a draw); scored by the model's log-probabilities. A row leaves the batch
+    at its EOS."""
+    encoded = model.encode(src)
+    limits = max_lengths(encoded.src_keep, max_len_a, max_len_b, model.positions.shape[0] - 1)
+    cache = DecoderCache()
+    sentence = torch.arange(src.shape[0], device=src.device)  # input index of each live row
+    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+    scores = torch.zeros(src.shape[0], device=src.device)
+    results: list[Hypothesis | None] = [None] * src.shape[0]
+    for step in range(int(limits.max())):
+        log_probs = next_log_probs(
+            model,
+            tokens[:, -1:],
+            encoded,
+            cache,
+            step + 1 >= limits,
+            step=step,
+            min_len=min_len,
+            bos_id=bos_id,
+            eos_id=eos_id,
+        )
+        token = choose(log_probs)  # (N,)
+        scores = scores + log_probs.gather(1, token[:, None]).squeeze(1)
+        tokens = torch.cat([tokens, token[:, None]], dim=1)  # (N, step + 2)
+        ended = token == eos_id
+        if not bool(ended.any()):
+            continue
+        for row in torch.nonzero(ended).view(-1).tolist():
+            results[int(sentence[row])] = Hypothesis(tokens[row, 1:-1].tolist(), float(scores[row]))
+        live = torch.nonzero(~ended).view(-1)
+        if live.numel() == 0:
+            break
+        tokens, scores, limits, sentence = tokens[live], scores[live], limits[live], sentence[live]
+        encoded = keep_rows(encoded, cache, live)
+    return results  # every row ends by its limit, where only EOS may follow
+
+
 def greedy_search(
     model: Transformer,
     src: Tensor,
@@ -52,36 +145,19 @@ def greedy_search(
     eos_id: int,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
+    min_len: int = 0,
 ) -> list[Hypothesis]:
     """The most probable token at each step, until EOS or the length limit."""
-    encoded = model.encode(src)
-    limits = max_lengths(encoded.src_keep, max_len_a, max_len_b, model.positions.shape[0] - 1)
-    batch = src.shape[0]
-    cache = DecoderCache()
-    tokens = torch.full((batch, 1), bos_id, dtype=torch.long, device=src.device)
-    scores = torch.zeros(batch, device=src.device)
-    finished = torch.zeros(batch, dtype=torch.bool, device=src.device)
-    lengths = limits.clone()
-    for step in range(int(limits.max())):
-        log_probs = next_log_probs(
-            model, tokens[:, -1:], encoded, cache, banned=[model.pad_id, bos_id]
-        )
-        at_limit = step + 1 >= limits
-        log_probs[at_limit, :eos_id] = -torch.inf
-        log_probs[at_limit, eos_id + 1 :] = -torch.inf
-        best_scores, best = log_probs.max(dim=-1)
-        scores = torch.where(finished, scores, scores + best_scores)
-        ended = ~finished & (best == eos_id)
-        lengths = torch.where(ended, torch.full_like(lengths, step + 1), lengths)
-        finished |= ended
-        tokens = torch.cat(
-            [tokens, best.masked_fill(finished & ~ended, model.pad_id)[:, None]], dim=1
-        )
-        if bool(finished.all()):
-            break
-    return [
-        Hypothesis(tokens[b, 1 : int(lengths[b])].tolist(), float(scores[b])) for b in range(batch)
-    ]
+    return single_path_search(
+        model,
+        src,
+        lambda log_probs: log_probs.argmax(dim=-1),
+        bos_id=bos_id,
+        eos_id=eos_id,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        min_len=min_len,
+    )
 
 
 def beam_step(
@@ -98,11 +174,32 @@ def beam_step(
     return top_scores, flat_index // vocab, flat_index % vocab
 
 
-def expand_encoded(encoded: EncoderOutput, beam_size: int) -> EncoderOutput:
-    return EncoderOutput(
-        encoded.memory.repeat_interleave(beam_size, dim=0),  # (B*K, S, D)
-        encoded.src_keep.repeat_interleave(beam_size, dim=0),  # (B*K, S)
-    )
+def survivors(
+    cand_scores: Tensor, origin: Tensor, token: Tensor, eos_id: int, k: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The best k candidates that did not end: their scores (B, K), origin rows (B*K,) in the
+    flattened (sentence, beam) batch, and tokens (B*K,)."""
+    alive_scores = cand_scores.masked_fill(token == eos_id, -torch.inf)
+    scores, pick = alive_scores.topk(k, dim=-1)  # (B, K)
+    row_base = torch.arange(cand_scores.shape[0], device=cand_scores.device).unsqueeze(1) * k
+    rows = (row_base + origin.gather(1, pick)).view(-1)
+    return scores, rows, token.gather(1, pick).view(-1)
+
+
+def ended_hypotheses(
+    tokens: Tensor, cand_scores: Tensor, origin: Tensor, token: Tensor, eos_id: int, penalty: float
+) -> list[tuple[int, Hypothesis]]:
+    """(sentence row, hypothesis) for the candidates among each row's best k (k = the beams per
+    sentence) that end in EOS, best first within a row; scores divided by the length penalty."""
+    k = tokens.shape[0] // cand_scores.shape[0]
+    ends = (token[:, :k] == eos_id) & torch.isfinite(cand_scores[:, :k])
+    if not bool(ends.any()):
+        return []
+    ended = []
+    for b, j in torch.nonzero(ends).tolist():
+        prefix = tokens[b * k + int(origin[b, j]), 1:].tolist()
+        ended.append((b, Hypothesis(prefix, float(cand_scores[b, j]) / penalty)))
+    return ended
 
 
 @torch.no_grad()
@@ -116,67 +213,75 @@ def beam_search(
     alpha: float = 0.6,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
+    min_len: int = 0,
+    prune_finished: bool = True,
 ) -> list[list[Hypothesis]]:
     """Per sentence, up to beam_size finished hypotheses, best first.
 
-    A sentence stops once it holds beam_size finished hypotheses (an EOS among the top beam_size
-    candidates finishes one), or at its length limit, where only EOS may follow.
+    A sentence stops by the module's stopping rule; with prune_finished (the default) its rows
+    then leave the batch. False keeps them to the end, for tests: the outputs are the same.
     """
-    batch, k = src.shape[0], beam_size
+    k = beam_size
     encoded = model.encode(src)
     limits = max_lengths(encoded.src_keep, max_len_a, max_len_b, model.positions.shape[0] - 1)
     encoded = expand_encoded(encoded, k)
     cache = DecoderCache()
-    tokens = torch.full((batch * k, 1), bos_id, dtype=torch.long, device=src.device)
-    scores = torch.full((batch, k), -torch.inf, device=src.device)
+    tokens = torch.full((src.shape[0] * k, 1), bos_id, dtype=torch.long, device=src.device)
+    scores = torch.full((src.shape[0], k), -torch.inf, device=src.device)
     scores[:, 0] = 0.0  # at the start all beams are the same: expand only the first
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    done = [False] * batch
-    row_base = torch.arange(batch, device=src.device).unsqueeze(1) * k  # (B, 1)
+    sentence = list(range(src.shape[0]))  # input index of each live sentence
+    done = [False] * src.shape[0]
+    finished: list[list[Hypothesis]] = [[] for _ in sentence]
     for step in range(int(limits.max())):
-        log_probs = next_log_probs(
-            model, tokens[:, -1:], encoded, cache, banned=[model.pad_id, bos_id]
-        )
-        log_probs = log_probs.view(batch, k, -1)
         at_limit = step + 1 >= limits  # (B,)
-        log_probs[at_limit, :, :eos_id] = -torch.inf
-        log_probs[at_limit, :, eos_id + 1 :] = -torch.inf
+        log_probs = next_log_probs(
+            model,
+            tokens[:, -1:],
+            encoded,
+            cache,
+            at_limit.repeat_interleave(k),
+            step=step,
+            min_len=min_len,
+            bos_id=bos_id,
+            eos_id=eos_id,
+        ).view(len(sentence), k, -1)
         cand_scores, origin, token = beam_step(log_probs, scores, 2 * k)
-        collect_finished(finished, done, tokens, cand_scores, origin, token, eos_id, k, step, alpha)
-        # Continue with the best beam_size candidates that did not end.
-        alive_scores = cand_scores.masked_fill(token == eos_id, -torch.inf)
-        scores, pick = alive_scores.topk(k, dim=-1)  # (B, K)
-        rows = (row_base + origin.gather(1, pick)).view(-1)  # (B*K,) each survivor's origin row
-        tokens = torch.cat([tokens[rows], token.gather(1, pick).view(-1, 1)], dim=1)
-        cache.reorder(rows)
-        for b in torch.nonzero(at_limit).view(-1).tolist():
-            done[b] = True
+        penalty = length_penalty(step + 1, alpha)
+        for b, hypothesis in ended_hypotheses(tokens, cand_scores, origin, token, eos_id, penalty):
+            if not done[b]:
+                finished[sentence[b]].append(hypothesis)
+                done[b] = len(finished[sentence[b]]) >= k
+        done = [d or limit for d, limit in zip(done, at_limit.tolist(), strict=True)]
         if all(done):
             break
+        scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
+        if prune_finished and any(done):
+            live = [b for b, d in enumerate(done) if not d]
+            keep = beam_rows(live, k, src.device)
+            scores, rows, next_token, limits = (
+                scores[live],
+                rows[keep],
+                next_token[keep],
+                limits[live],
+            )
+            # A survivor's origin row lies in its own sentence, whose rows share the encoder
+            # output and cross-attention keys and values: one index reorders and prunes.
+            encoded = keep_rows(encoded, cache, rows)
+            sentence, done = [sentence[b] for b in live], [False] * len(live)
+        else:
+            cache.reorder(rows)
+        tokens = torch.cat([tokens[rows], next_token[:, None]], dim=1)  # (B*K, step + 2)
     return [sorted(hyps, key=lambda h: h.score, reverse=True) for hyps in finished]
 
 
-def collect_finished(
-    finished: list[list[Hypothesis]],
-    done: list[bool],
-    tokens: Tensor,
-    cand_scores: Tensor,
-    origin: Tensor,
-    token: Tensor,
-    eos_id: int,
-    k: int,
-    step: int,
-    alpha: float,
-) -> None:
-    """Move candidates that end in EOS (among each sentence's top k) into `finished`."""
-    ends = (token[:, :k] == eos_id) & torch.isfinite(cand_scores[:, :k])
-    if not bool(ends.any()):
-        return
-    penalty = length_penalty(step + 1, alpha)
-    for b, j in torch.nonzero(ends).tolist():
-        if done[b]:
-            continue
-        prefix = tokens[b * k + int(origin[b, j]), 1:].tolist()
-        finished[b].append(Hypothesis(prefix, float(cand_scores[b, j]) / penalty))
-        if len(finished[b]) >= k:
-            done[b] = True
+def expand_encoded(encoded: EncoderOutput, beam_size: int) -> EncoderOutput:
+    return EncoderOutput(
+        encoded.memory.repeat_interleave(beam_size, dim=0),  # (B*K, S, D)
+        encoded.src_keep.repeat_interleave(beam_size, dim=0),  # (B*K, S)
+    )
+
+
+def beam_rows(sentences: list[int], k: int, device: torch.device) -> Tensor:
+    """Rows of these sentences' beams in the flattened (sentence, beam) batch: (len * K,)."""
+    index = torch.tensor(sentences, dtype=torch.long, device=device)
+    return (index.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,8 @@ from transformer_mt.config import (
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.clean import normalise
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers, load_tokenizers
-from transformer_mt.decode.search import beam_search, greedy_search
+from transformer_mt.decode.sampling import sample_search
+from transformer_mt.decode.search import Hypothesis, beam_search, greedy_search
 from transformer_mt.device import resolve_device
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
@@ -59,6 +61,14 @@ def model_from_checkpoint(state: dict, path: Path, tokenizers: Tokenizers) -> Tr
     return model
 
 
+@dataclass(frozen=True)
+class Translation:
+    """One entry of an n-best list."""
+
+    text: str
+    score: float  # the search's score: beam, length-penalised log-probability; else log-probability
+
+
 class Translator:
     """Translate lists of sentences with a trained model."""
 
@@ -77,6 +87,8 @@ class Translator:
         self.tokenizers, self.decode, self.device = tokenizers, decode, device
         self.unicode_form = unicode_form
         self.max_source_tokens = model.positions.shape[0] - 1  # room for EOS
+        # Sampling draws from the translator's own generator: the same calls give the same output.
+        self.generator = torch.Generator(device=device).manual_seed(decode.seed)
 
     @classmethod
     def from_run(
@@ -104,17 +116,30 @@ class Translator:
 
     def translate(self, sentences: list[str]) -> list[str]:
         """One translation per input sentence, in input order; an empty line gives an empty line."""
-        ids = self.tokenizers.src.encode(
+        return self.tokenizers.tgt.decode(self.translate_ids(self.encode(sentences)))
+
+    def translate_nbest(self, sentences: list[str]) -> list[list[Translation]]:
+        """Up to decode.nbest translations per input sentence, best first, in input order; an
+        empty line gives one empty translation with score 0."""
+        nbest = self.nbest_ids(self.encode(sentences))
+        texts = iter(self.tokenizers.tgt.decode([h.tokens for hyps in nbest for h in hyps]))
+        return [[Translation(next(texts), h.score) for h in hyps] for hyps in nbest]
+
+    def encode(self, sentences: list[str]) -> list[list[int]]:
+        return self.tokenizers.src.encode(
             [normalise(s.strip(), self.unicode_form) for s in sentences]
         )
-        return self.tokenizers.tgt.decode(self.translate_ids(ids))
 
     def translate_ids(self, ids: list[list[int]]) -> list[list[int]]:
         """Target piece ids for each source's piece ids (no EOS), in input order."""
-        outputs: list[list[int]] = [[] for _ in ids]
+        return [hyps[0].tokens for hyps in self.nbest_ids(ids)]
+
+    def nbest_ids(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+        """Up to decode.nbest hypotheses per source's piece ids, best first, in input order."""
+        outputs = [[Hypothesis([], 0.0)] for _ in ids]
         for batch in self.batches(ids):
-            for index, hypothesis in zip(batch, self.search([ids[i] for i in batch]), strict=True):
-                outputs[index] = hypothesis
+            for index, hyps in zip(batch, self.search([ids[i] for i in batch]), strict=True):
+                outputs[index] = hyps[: self.decode.nbest]
         return outputs
 
     def batches(self, ids: list[list[int]]) -> list[list[int]]:
@@ -132,7 +157,8 @@ class Translator:
             batches.append(current)
         return batches
 
-    def search(self, sources: list[list[int]]) -> list[list[int]]:
+    def search(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """N-best lists (best first) for one batch of sources, truncated to the model's limit."""
         too_long = [s for s in sources if len(s) > self.max_source_tokens]
         if too_long:
             log.warning(
@@ -144,15 +170,26 @@ class Translator:
             suffix=EOS_ID,
         ).to(self.device)
         cfg = self.decode
-        limits = {
+        common = {
             "max_len_a": cfg.max_len_a,
             "max_len_b": cfg.max_len_b,
+            "min_len": cfg.min_len,
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
         }
         if cfg.strategy == Strategy.greedy:
-            return [h.tokens for h in greedy_search(self.model, src, **limits)]
-        nbest = beam_search(
-            self.model, src, beam_size=cfg.beam_size, alpha=cfg.length_penalty, **limits
+            return [[h] for h in greedy_search(self.model, src, **common)]
+        if cfg.strategy == Strategy.sample:
+            hyps = sample_search(
+                self.model,
+                src,
+                generator=self.generator,
+                temperature=cfg.temperature,
+                top_k=cfg.top_k,
+                top_p=cfg.top_p,
+                **common,
+            )
+            return [[h] for h in hyps]
+        return beam_search(
+            self.model, src, beam_size=cfg.beam_size, alpha=cfg.length_penalty, **common
         )
-        return [hyps[0].tokens for hyps in nbest]

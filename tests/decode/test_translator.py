@@ -1,0 +1,105 @@
+"""Translator: text in, text out, on a tiny random model and a small SentencePiece model."""
+
+import logging
+import random
+
+import pytest
+import torch
+
+from transformer_mt.config import DecodeConfig, Strategy
+from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
+from transformer_mt.data.toy import toy_pairs
+from transformer_mt.decode.translator import Translation, Translator
+from transformer_mt.errors import ConfigError
+
+VOCAB, POSITIONS = 300, 24  # inputs longer than 23 pieces (+ EOS) do not fit
+
+
+@pytest.fixture(scope="module")
+def tokenizers(tmp_path_factory) -> Tokenizers:
+    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
+    tokenizer = train_tokenizer(
+        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=VOCAB
+    )
+    return Tokenizers(tokenizer, tokenizer)
+
+
+@pytest.fixture
+def make_translator(random_model, tokenizers):
+    def make(seed: int = 0, sharpen: float = 1.0, **decode) -> Translator:
+        model = random_model(VOCAB, seed, max_positions=POSITIONS, sharpen=sharpen, eos_bonus=4.0)
+        config = DecodeConfig(max_len_a=1.0, max_len_b=3, **decode)
+        return Translator(model, tokenizers, config, torch.device("cpu"))
+
+    return make
+
+
+def sentences_of_shuffled_lengths() -> list[str]:
+    text = "the dog sees a small cat near the old house by the river"
+    sentences = [text.rsplit(" ", n)[0] + "." for n in range(13)]  # 13 words down to 1
+    random.Random(0).shuffle(sentences)
+    return sentences
+
+
+@pytest.mark.parametrize(
+    "decode", [{"strategy": Strategy.greedy, "beam_size": 1}, {"beam_size": 3}]
+)
+def test_output_order_is_input_order_whatever_the_lengths(make_translator, decode):
+    translator = make_translator(batch_tokens=40, **decode)  # several batches, sorted by length
+    sentences = sentences_of_shuffled_lengths()
+    assert len(translator.batches(translator.encode(sentences))) > 1
+    one_by_one = [translator.translate([sentence])[0] for sentence in sentences]
+    assert translator.translate(sentences) == one_by_one
+    assert len(set(one_by_one)) > 1  # the check compares distinct outputs
+
+
+def test_empty_input_lines_give_empty_output_lines(make_translator):
+    translator = make_translator(nbest=2)
+    outputs = translator.translate(["", "the dog.", "   ", ""])
+    assert len(outputs) == 4 and outputs[0] == outputs[2] == outputs[3] == ""
+    assert translator.translate_nbest([""]) == [[Translation("", 0.0)]]
+
+
+def test_too_long_input_is_truncated_with_a_warning(make_translator, caplog):
+    translator = make_translator()
+    long_sentence = " ".join(["the dog sees the cat."] * 10)
+    ids = translator.encode([long_sentence])[0]
+    assert len(ids) > POSITIONS
+    with caplog.at_level(logging.WARNING, logger="transformer_mt.decode.translator"):
+        (output,) = translator.translate_ids([ids])
+    assert "1 input(s) longer than 23 pieces truncated" in caplog.text
+    assert output == translator.translate_ids([ids[:23]])[0]
+
+
+def test_nbest_lists_are_ordered_by_score_and_start_with_the_translation(make_translator):
+    translator = make_translator(beam_size=4, nbest=3)
+    sentences = sentences_of_shuffled_lengths()
+    nbest = translator.translate_nbest(sentences)
+    assert [translations[0].text for translations in nbest] == translator.translate(sentences)
+    for translations in nbest:
+        assert 1 <= len(translations) <= 3
+        scores = [t.score for t in translations]
+        assert scores == sorted(scores, reverse=True)
+    assert max(len(translations) for translations in nbest) == 3
+
+
+def test_sampling_translator_is_reproducible_from_its_seed(make_translator):
+    sentences = sentences_of_shuffled_lengths()
+
+    def sampled(seed: int) -> list[str]:
+        translator = make_translator(sharpen=0.25, strategy=Strategy.sample, beam_size=1, seed=seed)
+        return translator.translate(sentences)
+
+    assert sampled(5) == sampled(5)
+    assert sampled(6) != sampled(5)
+
+
+def test_greedy_and_sampling_give_one_translation_whatever_nbest(make_translator):
+    for strategy in (Strategy.greedy, Strategy.sample):
+        translator = make_translator(strategy=strategy, beam_size=1, nbest=3)
+        assert [len(t) for t in translator.translate_nbest(["the dog.", "a cat."])] == [1, 1]
+
+
+def test_invalid_temperature_is_named_before_any_work(make_translator):
+    with pytest.raises(ConfigError, match=r"'decode\.temperature': must be > 0"):
+        make_translator(strategy=Strategy.sample, temperature=0.0)
