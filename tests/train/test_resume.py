@@ -186,3 +186,9 @@ def test_time_based_checkpoints(tiny_train_job):
         "step_2.pt",
         "step_3.pt",
     ]
+
+
+def test_fp16_trains_with_a_gradient_scaler_whose_state_is_saved(tiny_train_job):
+    state = load(train(tiny_train_job("trainer.max_steps=3", "trainer.precision=fp16", *QUICK)))
+    assert state["step"] == 3
+    assert state["scaler"]["scale"] > 0 and state["scaler"]["_growth_tracker"] == 3
