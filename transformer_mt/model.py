@@ -47,6 +47,11 @@ class DecoderCache:
         self.self_k = [k.index_select(0, index) for k in self.self_k]
         self.self_v = [v.index_select(0, index) for v in self.self_v]
 
+    def repeat_rows(self, times: int) -> None:
+        """Each row `times` times in a row (beam search: a sentence's beams share its cache)."""
+        for name in ("self_k", "self_v", "cross_k", "cross_v"):
+            setattr(self, name, [t.repeat_interleave(times, dim=0) for t in getattr(self, name)])
+
     def keep(self, index: Tensor) -> None:
         """Keep rows `index` of everything, cross-attention keys and values included (search:
         finished sentences leave the batch)."""
@@ -282,6 +287,13 @@ class Transformer(nn.Module):
             x = layer(x, src_keep)
         return EncoderOutput(self.encoder_norm(x), src_keep)
 
+    def fill_cross_attention(self, encoded: EncoderOutput, cache: DecoderCache) -> None:
+        """Every decoder layer's cross-attention keys and values, computed once into `cache`."""
+        for layer in self.decoder[len(cache.cross_k) :]:
+            memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
+            cache.cross_k.append(memory_k)
+            cache.cross_v.append(memory_v)
+
     def decode(
         self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None
     ) -> Tensor:
@@ -291,14 +303,12 @@ class Transformer(nn.Module):
         """
         start = cache.length if cache is not None else 0
         x = self.embed_tokens(tgt_in, self.embed, start)
+        if cache is not None:
+            self.fill_cross_attention(encoded, cache)  # no-op after the first call
         for index, layer in enumerate(self.decoder):
             if cache is None:
                 memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
             else:
-                if len(cache.cross_k) <= index:
-                    memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
-                    cache.cross_k.append(memory_k)
-                    cache.cross_v.append(memory_v)
                 memory_k, memory_v = cache.cross_k[index], cache.cross_v[index]
             x = layer(x, memory_k, memory_v, encoded.src_keep, cache, index)
         return F.linear(self.decoder_norm(x), self.embed.weight)  # (B, T, V)

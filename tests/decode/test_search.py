@@ -132,6 +132,22 @@ def test_pruning_finished_sentences_changes_nothing_but_the_work(random_model, s
         assert [h.score for h in with_pruning] == pytest.approx([h.score for h in without])
 
 
+def test_cross_attention_keys_and_values_are_computed_once_per_sentence(random_model):
+    model = random_model(vocab=20, seed=0)
+    src = varied_lengths_batch(20, 0)
+    batch_sizes = []
+    for layer in model.decoder:
+        compute = layer.cross_attn.memory_kv
+
+        def recording(memory, compute=compute):
+            batch_sizes.append(memory.shape[0])
+            return compute(memory)
+
+        layer.cross_attn.memory_kv = recording
+    beam_search(model, src, beam_size=4, bos_id=BOS, eos_id=EOS, max_len_b=6)
+    assert batch_sizes == [6] * len(model.decoder)  # once per layer, on sentences, not beams
+
+
 def test_greedy_rows_leave_the_batch_at_eos_without_changing_outputs(random_model):
     model = random_model(vocab=20, seed=2, sharpen=2.0, eos_bonus=3.0)
     src = varied_lengths_batch(20, 2)

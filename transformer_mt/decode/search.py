@@ -2,7 +2,8 @@
 which shares the greedy loop, is in sampling.py).
 
 Every search is batched over sentences (times beams) with the decoder's KV cache; cross-attention
-keys and values are computed once, at the first step. A sentence that is done leaves the batch:
+keys and values are computed once per sentence (beam search then copies them to the sentence's
+beams) and kept for every step. A sentence that is done leaves the batch:
 its rows are dropped from the tokens, the encoder output and the cache, so later steps compute
 only live sentences.
 
@@ -224,8 +225,10 @@ def beam_search(
     k = beam_size
     encoded = model.encode(src)
     limits = max_lengths(encoded.src_keep, max_len_a, max_len_b, model.positions.shape[0] - 1)
-    encoded = expand_encoded(encoded, k)
     cache = DecoderCache()
+    model.fill_cross_attention(encoded, cache)  # once per sentence, then shared by its beams
+    cache.repeat_rows(k)
+    encoded = expand_encoded(encoded, k)
     tokens = torch.full((src.shape[0] * k, 1), bos_id, dtype=torch.long, device=src.device)
     scores = torch.full((src.shape[0], k), -torch.inf, device=src.device)
     scores[:, 0] = 0.0  # at the start all beams are the same: expand only the first
