@@ -22,7 +22,8 @@ else
 TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
 endif
 
-.PHONY: help install demo prepare train average eval translate test bench bench-data fault-drill lint clean
+.PHONY: help install demo prepare train average eval translate export test bench bench-data \
+	bench-decode fault-drill lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
@@ -33,7 +34,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/pip install --quiet --upgrade pip >&2
 	@$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)" >&2
-	@$(BIN)/pip install --quiet -e ".[dev]" >&2
+	@$(BIN)/pip install --quiet -e ".[dev,export]" >&2
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv with torch (CPU or CUDA build) and the package
@@ -61,6 +62,9 @@ eval: $(STAMP) ## translate the test split of RUN with beam search and score it 
 translate: $(STAMP) ## translate lines from stdin to stdout with the model in RUN
 	@$(BIN)/tmt-translate run_dir=$(RUN) $(ARGS)
 
+export: $(STAMP) ## write RUN's last.pt as a CTranslate2 model (RUN/checkpoints/ctranslate2)
+	$(BIN)/tmt-export run_dir=$(RUN) $(ARGS)
+
 test: $(STAMP) ## run the test suite
 	$(BIN)/pytest -q --durations=8 $(ARGS)
 
@@ -70,6 +74,9 @@ bench: $(STAMP) ## training throughput: ours vs transformers' Marian (tokens/s, 
 
 bench-data: $(STAMP) ## data preparation at WMT scale: pairs/s, peak RSS, padding, shared stores
 	$(BIN)/python scripts/bench_data.py $(ARGS)
+
+bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference, CTranslate2 (RUN=Multi30k run)
+	$(BIN)/python scripts/bench_decode.py $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
 
 fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters
 	$(BIN)/python scripts/fault_drill.py $(ARGS)

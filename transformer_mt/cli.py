@@ -19,6 +19,7 @@ from transformer_mt.config import (
     CONFIG_DIR,
     AverageJob,
     EvalJob,
+    ExportJob,
     TrainJob,
     TranslateJob,
     register_configs,
@@ -106,6 +107,18 @@ def average_main(cfg: DictConfig) -> None:
         output = resolve_checkpoint(run_dir, job.output)
         save_checkpoint(average_checkpoints(paths), output)
         log.info("averaged %s into %s", ", ".join(p.name for p in paths), output)
+
+    run_reporting_errors(task)
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
+def export_main(cfg: DictConfig) -> None:
+    """tmt-export: write a checkpoint as a CTranslate2 model folder (needs the `export` extra)."""
+    from transformer_mt.export import export
+
+    def task() -> None:
+        output = export(to_job(cfg, ExportJob))
+        log.info("CTranslate2 model written to %s", output)
 
     run_reporting_errors(task)
 

@@ -241,7 +241,8 @@ class EvalJob:
     run_dir: str
     """Run folder written by `tmt-train`."""
     checkpoint: str = "last.pt"
-    """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    """Checkpoint file name inside run_dir/checkpoints, or a path; or a folder written by
+    tmt-export (e.g. ctranslate2), to translate with CTranslate2."""
     split: str = "test"
     """test, valid, or train: which split of the run's data to translate."""
     device: str = "auto"
@@ -256,7 +257,8 @@ class TranslateJob:
     run_dir: str
     """Run folder written by `tmt-train`."""
     checkpoint: str = "last.pt"
-    """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    """Checkpoint file name inside run_dir/checkpoints, or a path; or a folder written by
+    tmt-export (e.g. ctranslate2), to translate with CTranslate2."""
     device: str = "auto"
     """auto, cpu, cuda."""
     decode: DecodeConfig
@@ -274,6 +276,22 @@ class AverageJob:
     """File name inside run_dir/checkpoints, or a path; `make eval ARGS=checkpoint=averaged.pt`."""
 
 
+@dataclass(kw_only=True)
+class ExportJob:
+    """`tmt-export`: a checkpoint as a CTranslate2 model folder (needs the `export` extra)."""
+
+    run_dir: str
+    """Run folder written by `tmt-train`."""
+    checkpoint: str = "last.pt"
+    """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    output: str = "ctranslate2"
+    """Folder name inside run_dir/checkpoints, or a path; replaced if it exists. Translate with
+    it: `make translate ARGS=checkpoint=ctranslate2`."""
+    quantization: str | None = None
+    """Weight type stored: null keeps float32; or one of CTranslate2's (int8, int8_float32,
+    int16, float16, bfloat16, ...). A loaded model can still compute in another type."""
+
+
 def register_configs() -> None:
     """Register the schemas that the YAML files in configs/ extend."""
     store = ConfigStore.instance()
@@ -281,6 +299,7 @@ def register_configs() -> None:
     store.store(name="eval_schema", node=EvalJob)
     store.store(name="translate_schema", node=TranslateJob)
     store.store(name="average_schema", node=AverageJob)
+    store.store(name="export_schema", node=ExportJob)
     store.store(group="data", name="data_schema", node=DataConfig)
     store.store(group="model", name="model_schema", node=ModelConfig)
     store.store(group="optim", name="optim_schema", node=OptimConfig)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +20,18 @@ from transformer_mt.config import (
 )
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.clean import normalise
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers, load_tokenizers
+from transformer_mt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    Tokenizer,
+    Tokenizers,
+    load_tokenizers,
+)
 from transformer_mt.decode.sampling import sample_search
-from transformer_mt.decode.search import Hypothesis, beam_search, greedy_search
+from transformer_mt.decode.search import Hypothesis, beam_search, greedy_search, length_penalty
 from transformer_mt.device import resolve_device
-from transformer_mt.errors import CheckpointError
+from transformer_mt.errors import CheckpointError, ConfigError, DataError, TransformerMTError
 from transformer_mt.model import Transformer
 from transformer_mt.train.checkpoint import load_checkpoint, resolve_checkpoint
 
@@ -99,9 +107,12 @@ class Translator:
         decode: DecodeConfig | None = None,
         device: str = "auto",
     ) -> Translator:
-        """Everything comes from the run folder: tokenizers, model configuration and weights."""
+        """Everything comes from the run folder: tokenizers, model configuration and weights.
+        A `checkpoint` that names a folder written by tmt-export gives a CTranslate2Translator."""
         run_dir = Path(run_dir)
         path = resolve_checkpoint(run_dir, checkpoint)
+        if path.is_dir():
+            return CTranslate2Translator.from_export(path, decode=decode, device=device)
         state = load_checkpoint(path)
         tokenizers = load_tokenizers(run_dir)
         model = model_from_checkpoint(state, path, tokenizers)
@@ -157,15 +168,19 @@ class Translator:
             batches.append(current)
         return batches
 
-    def search(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
-        """N-best lists (best first) for one batch of sources, truncated to the model's limit."""
+    def truncate(self, sources: list[list[int]]) -> list[list[int]]:
+        """Sources cut to the model's limit (room left for EOS), with a warning if any was."""
         too_long = [s for s in sources if len(s) > self.max_source_tokens]
         if too_long:
             log.warning(
                 "%d input(s) longer than %d pieces truncated", len(too_long), self.max_source_tokens
             )
+        return [s[: self.max_source_tokens] for s in sources]
+
+    def search(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """N-best lists (best first) for one batch of sources, truncated to the model's limit."""
         src = pad_sequences(
-            [np.asarray(s[: self.max_source_tokens], dtype=np.int64) for s in sources],
+            [np.asarray(s, dtype=np.int64) for s in self.truncate(sources)],
             PAD_ID,
             suffix=EOS_ID,
         ).to(self.device)
@@ -193,3 +208,148 @@ class Translator:
         return beam_search(
             self.model, src, beam_size=cfg.beam_size, alpha=cfg.length_penalty, **common
         )
+
+
+EXPORT_INFO = "transformer_mt.json"
+"""Written by tmt-export beside CTranslate2's files: what translating needs besides the model."""
+CTRANSLATE2_SPECIALS = ["<blank>", "<unk>", "<s>", "</s>"]
+"""CTranslate2's padding, unknown, start and end tokens, at our ids PAD, UNK, BOS, EOS (0-3)."""
+RANKING_PENALTY = 1e-6
+"""The length penalty CTranslate2's beam search is given; ours (GNMT) is applied afterwards. Not
+0, which would change its stopping rule; this small, it ranks finished hypotheses by
+log-probability where it keeps the best beam_size of more (when several finish in its last
+step), closer to ours (the first beam_size to finish) than its length ** alpha, which favours
+long ones."""
+
+
+def import_ctranslate2():
+    """The ctranslate2 module, or an error saying in one line how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise TransformerMTError(
+            'ctranslate2 is not installed: pip install -e ".[export]" (or pip install '
+            '"ctranslate2>=4") in this environment'
+        ) from None
+    return ctranslate2
+
+
+def ctranslate2_vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The tokenizer's pieces in id order, SentencePiece's <pad> renamed to CTranslate2's <blank>,
+    so that each piece's position in the list is its id."""
+    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    if pieces[:4] != ["<pad>", *CTRANSLATE2_SPECIALS[1:]]:
+        raise DataError(f"{tokenizer.path}: pieces 0-3 are {pieces[:4]}, not <pad> <unk> <s> </s>")
+    return [CTRANSLATE2_SPECIALS[0], *pieces[1:]]
+
+
+class CTranslate2Translator(Translator):
+    """Translator's API over a model written by tmt-export, run by CTranslate2 (no torch model:
+    Translator.__init__ is not called).
+
+    Text is prepared and batched as Translator does (same normalisation, tokenizer, truncation,
+    batches); only `search` differs. Greedy search gives our outputs. Beam search stops by the
+    same rule as ours; CTranslate2's n-best list is re-ranked here with our GNMT penalty (see
+    RANKING_PENALTY). Where they differ: CTranslate2 has one length limit per call (the batch's
+    longest; each output is then cut to its own), keeps its beams as they are at the limit
+    where we force EOS, and renormalises the softmax without the banned PAD and BOS where we
+    do not.
+    """
+
+    def __init__(
+        self,
+        engine,
+        tokenizers: Tokenizers,
+        decode: DecodeConfig,
+        *,
+        max_positions: int,
+        unicode_form: str | None = "NFC",
+    ):
+        """engine: a ctranslate2.Translator; max_positions: the exported model's (source pieces
+        + EOS, and output pieces + EOS, fit in it)."""
+        validate_decode(decode)
+        if decode.strategy == Strategy.sample:
+            raise ConfigError(
+                "config key 'decode.strategy': sample is not available with a CTranslate2 model "
+                "(greedy or beam)"
+            )
+        self.engine, self.tokenizers, self.decode = engine, tokenizers, decode
+        self.unicode_form = unicode_form
+        self.max_source_tokens = max_positions - 1
+        self.src_pieces = ctranslate2_vocabulary(tokenizers.src)
+        self.tgt_ids = {piece: i for i, piece in enumerate(ctranslate2_vocabulary(tokenizers.tgt))}
+
+    @classmethod
+    def from_export(
+        cls,
+        folder: str | Path,
+        *,
+        decode: DecodeConfig | None = None,
+        device: str = "auto",
+        compute_type: str = "default",
+        threads: int = 0,
+    ) -> CTranslate2Translator:
+        """folder: written by tmt-export. compute_type: CTranslate2's (default: the type the
+        weights were stored in; int8, float32, ...). threads: CPU threads (0: as many as torch
+        uses)."""
+        ctranslate2 = import_ctranslate2()
+        folder = Path(folder)
+        if not (folder / EXPORT_INFO).is_file():
+            raise CheckpointError(
+                f"{folder}: not a folder written by tmt-export (no {EXPORT_INFO})"
+            )
+        info = json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
+        target = resolve_device(device)
+        engine = ctranslate2.Translator(
+            str(folder),
+            device=target.type,
+            device_index=target.index or 0,
+            compute_type=compute_type,
+            intra_threads=threads or torch.get_num_threads(),
+        )
+        return cls(
+            engine,
+            load_tokenizers(folder),
+            decode or DecodeConfig(),
+            max_positions=int(info["max_positions"]),
+            unicode_form=info["unicode_form"],
+        )
+
+    def search(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
+        """N-best lists (best first) for one batch of sources, from CTranslate2."""
+        sources = self.truncate(sources)
+        cfg, beam = self.decode, self.decode.strategy == Strategy.beam
+        lengths = torch.tensor([len(s) for s in sources])
+        # Output limits in pieces, EOS included, computed as search.max_lengths computes them.
+        limits = (cfg.max_len_a * lengths + cfg.max_len_b).long().clamp(max=self.max_source_tokens)
+        results = self.engine.translate_batch(
+            [[self.src_pieces[i] for i in s] for s in sources],
+            beam_size=cfg.beam_size if beam else 1,
+            num_hypotheses=cfg.beam_size if beam else 1,  # every finished one, to re-rank
+            length_penalty=RANKING_PENALTY if beam else 0.0,
+            return_scores=True,
+            return_end_token=True,  # lengths count EOS, as ours do
+            max_input_length=0,  # truncated above
+            max_decoding_length=int(limits.max()),
+            min_decoding_length=cfg.min_len,
+            suppress_sequences=[[CTRANSLATE2_SPECIALS[0]], [CTRANSLATE2_SPECIALS[2]]],
+        )
+        return [
+            self.hypotheses(result, limit, RANKING_PENALTY if beam else 0.0)
+            for result, limit in zip(results, limits.tolist(), strict=True)
+        ]
+
+    def hypotheses(self, result, limit: int, penalty: float) -> list[Hypothesis]:
+        """One CTranslate2 result as our n-best list: EOS dropped, at most limit - 1 pieces,
+        scores GNMT-normalised (greedy: the sum of log-probabilities), best first. penalty: the
+        length penalty CTranslate2 applied."""
+        alpha = self.decode.length_penalty if penalty else 0.0
+        hyps = []
+        for pieces, score in zip(result.hypotheses, result.scores, strict=True):
+            ids = [self.tgt_ids[piece] for piece in pieces]  # EOS included, as in our lengths
+            log_prob = score * len(ids) ** penalty  # CTranslate2 divided it by length ** penalty
+            score = log_prob / length_penalty(len(ids), alpha)
+            if ids and ids[-1] == EOS_ID:
+                ids.pop()
+            hyps.append(Hypothesis(ids[: limit - 1], score))
+        return sorted(hyps, key=lambda h: h.score, reverse=True)

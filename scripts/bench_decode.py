@@ -1,0 +1,256 @@
+"""Decoding benchmark: beam search speed and BLEU on Multi30k test_2016_flickr, CTranslate2 parity.
+
+    make bench-decode RUN=runs/multi30k_de_en_small          # a model trained on Multi30k
+    .venv/bin/python scripts/bench_decode.py --run runs/x --reference-sentences 1000
+
+With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source length + 50) on
+--threads CPU threads, the same source sentences go through:
+
+  (a) ours: Translator (batched by length, KV cache, finished sentences leave the batch);
+  (b) reference: the tutorial approach, kept in this file as the yardstick: one sentence at a
+      time, and at every step one decoder call per beam over its whole prefix, without a cache
+      (the same search rule as ours, so the outputs should be the same); it is slow, so it is
+      timed on the first --reference-sentences sentences, with ours timed again on those;
+  (c) the checkpoint exported to CTranslate2 (transformer_mt.export), computing in float32 and
+      in int8.
+
+Timed runs are interleaved over --rounds rounds (a, c fp32, c int8, a, ...) and each system's
+fastest round is reported, with the load average around it (the machine is shared). Every
+output is scored with sacreBLEU. Parity: greedy outputs of ours and of CTranslate2 float32,
+token for token, and their BLEU difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import shlex
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.config import DecodeConfig, Strategy, run_data_config
+from transformer_mt.data.sources import read_pairs
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decode.search import length_penalty
+from transformer_mt.decode.translator import CTranslate2Translator, Translator, import_ctranslate2
+from transformer_mt.evaluate import sacrebleu_scores
+from transformer_mt.export import export_model
+from transformer_mt.model import Transformer
+
+PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
+GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
+
+
+@torch.no_grad()
+def reference_beam_search(model: Transformer, source: list[int], cfg: DecodeConfig) -> list[int]:
+    """The tutorial approach for one sentence: every step runs the decoder over each beam's
+    whole prefix (no KV cache), one beam at a time. The search rule is ours: 2k candidates,
+    an EOS among the best k finishes a hypothesis, stop at k finished or at the length limit
+    (where only EOS may follow), GNMT-normalised final scores, PAD and BOS banned."""
+    k = cfg.beam_size
+    encoded = model.encode(torch.tensor([[*source, EOS_ID]]))
+    limit = min(int(cfg.max_len_a * len(source) + cfg.max_len_b), model.positions.shape[0] - 1)
+    beams: list[tuple[float, list[int]]] = [(0.0, [BOS_ID])]
+    finished: list[tuple[float, list[int]]] = []
+    for step in range(limit):
+        candidates = []
+        for score, tokens in beams:
+            logits = model.decode(torch.tensor([tokens]), encoded)[0, -1]  # whole prefix
+            log_probs = F.log_softmax(logits.float(), dim=-1)
+            log_probs[[PAD_ID, BOS_ID]] = -torch.inf
+            if step + 1 >= limit:  # only EOS may follow
+                log_probs = torch.where(
+                    torch.arange(log_probs.shape[0]) == EOS_ID, log_probs, -torch.inf
+                )
+            best = log_probs.topk(2 * k)
+            for log_prob, token in zip(best.values.tolist(), best.indices.tolist(), strict=True):
+                if log_prob > -torch.inf:
+                    candidates.append((score + log_prob, [*tokens, token]))
+        candidates.sort(key=lambda candidate: candidate[0], reverse=True)
+        beams = []
+        for rank, (score, tokens) in enumerate(candidates[: 2 * k]):
+            if tokens[-1] == EOS_ID:
+                if rank < k and len(finished) < k:
+                    finished.append((score / length_penalty(step + 1, cfg.length_penalty), tokens))
+            elif len(beams) < k:
+                beams.append((score, tokens))
+        if len(finished) >= k or step + 1 >= limit:
+            break
+    return max(finished, key=lambda hypothesis: hypothesis[0])[1][1:-1]
+
+
+def timed(translate: Callable[[list[str]], list[str]], sources: list[str]):
+    load = os.getloadavg()[0]
+    started = time.perf_counter()
+    outputs = translate(sources)
+    return time.perf_counter() - started, outputs, (load, os.getloadavg()[0])
+
+
+def interleaved(systems: dict, sources: list[str], rounds: int) -> dict:
+    """name -> (fastest seconds, outputs, load average before/after that run)."""
+    best: dict = {}
+    for _ in range(rounds):
+        for name, translate in systems.items():
+            seconds, outputs, load = timed(translate, sources)
+            if name not in best or seconds < best[name][0]:
+                best[name] = (seconds, outputs, load)
+    return best
+
+
+def row(name: str, sentences: int, seconds: float, bleu: float | None, load) -> str:
+    score = f"{bleu:6.2f}" if bleu is not None else "     -"
+    return (
+        f"  {name:34s} {sentences:5d} {seconds:8.2f} s {sentences / seconds:8.1f} sent/s"
+        f"  BLEU {score}  load {load[0]:.2f} -> {load[1]:.2f}"
+    )
+
+
+def bleu(hypotheses: list[str], references: list[str]) -> float:
+    return sacrebleu_scores(hypotheses, references)["bleu"]
+
+
+def print_header(args, ctranslate2) -> None:
+    print("# make bench-decode: decoding speed, BLEU and CTranslate2 parity")
+    print(f"# command: {shlex.join([Path(sys.executable).name, *sys.argv])}")
+    print(f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    print(
+        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible;"
+        f" torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}"
+    )
+    print(
+        f"# threads: torch {torch.get_num_threads()}, CTranslate2 intra_threads {args.threads};"
+        f" load average at start {os.getloadavg()[0]:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--run", default="runs/multi30k_de_en_small", help="Multi30k run folder")
+    parser.add_argument("--checkpoint", default="last.pt")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved timed rounds")
+    parser.add_argument(
+        "--reference-sentences", type=int, default=100, help="the reference is timed on these"
+    )
+    args = parser.parse_args()
+    ctranslate2 = import_ctranslate2()
+    torch.set_num_threads(args.threads)
+    print_header(args, ctranslate2)
+    with tempfile.TemporaryDirectory(prefix="bench_decode_") as folder:
+        benchmark(args, Path(folder) / "ctranslate2")
+
+
+def benchmark(args, folder: Path) -> None:
+    """Export the run's checkpoint to `folder`, then time, score and compare every system."""
+    run = Path(args.run)
+    data = run_data_config(run)
+    pairs = list(read_pairs(data, "test"))
+    sources, references = [s for s, _ in pairs], [t for _, t in pairs]
+    ours = Translator.from_run(run, args.checkpoint, decode=PAPER, device="cpu")
+    ours_greedy = Translator.from_run(run, args.checkpoint, decode=GREEDY, device="cpu")
+    export_model(ours.model, ours.tokenizers, folder, unicode_form=data.unicode_form)
+
+    def ct2(decode: DecodeConfig, compute_type: str) -> CTranslate2Translator:
+        return CTranslate2Translator.from_export(
+            folder, decode=decode, device="cpu", compute_type=compute_type, threads=args.threads
+        )
+
+    print(
+        f"# data: {data.dir}/{data.test_split}.{data.src_lang} -> .{data.tgt_lang}, "
+        f"{len(sources)} sentences; model: {args.run}/checkpoints/{args.checkpoint} "
+        f"({sum(p.numel() for p in ours.model.parameters()):,} parameters)"
+    )
+    print(
+        f"# decoding: beam {PAPER.beam_size}, length penalty {PAPER.length_penalty}, max length "
+        f"{PAPER.max_len_a:g} * source + {PAPER.max_len_b}, batches of {PAPER.batch_tokens} "
+        "source tokens (ours and CTranslate2 alike)"
+    )
+    beam = {
+        "(a) ours (Translator, KV cache)": ours.translate,
+        "(c) CTranslate2 float32": ct2(PAPER, "float32").translate,
+        "(c) CTranslate2 int8": ct2(PAPER, "int8").translate,
+    }
+    for translate in beam.values():  # warm-up: first calls allocate
+        translate(sources[:32])
+    print(f"\nbeam search, all {len(sources)} sentences, fastest of {args.rounds} rounds:")
+    results = interleaved(beam, sources, args.rounds)
+    for name, (seconds, outputs, load) in results.items():
+        print(row(name, len(sources), seconds, bleu(outputs, references), load))
+
+    report_reference(args, ours, sources, references)
+    report_ratios(results)
+    report_parity(ours_greedy, ct2(GREEDY, "float32"), sources, references, results)
+
+
+def report_reference(args, ours: Translator, sources, references) -> None:
+    n = args.reference_sentences
+    subset, subset_refs = sources[:n], references[:n]
+
+    def reference(lines: list[str]) -> list[str]:
+        sources = ours.truncate(ours.encode(lines))
+        return ours.tokenizers.tgt.decode(
+            [reference_beam_search(ours.model, s, PAPER) for s in sources]
+        )
+
+    print(f"\nbeam search, the first {n} sentences (the reference is slow), one round each:")
+    runs = {
+        "(b) reference (no cache, per beam)": timed(reference, subset),
+        "(a) ours on the same sentences": timed(ours.translate, subset),
+    }
+    for name, (seconds, outputs, load) in runs.items():
+        print(row(name, n, seconds, bleu(outputs, subset_refs), load))
+    (ref_seconds, ref_outputs, _), (ours_seconds, ours_outputs, _) = runs.values()
+    same = sum(a == b for a, b in zip(ref_outputs, ours_outputs, strict=True))
+    print(f"  reference output = ours on {same} of {n} sentences")
+    ratio = ref_seconds / ours_seconds
+    print(f"  ours is {ratio:.1f}x faster than the reference (target >= 3x: {verdict(ratio >= 3)})")
+
+
+def report_ratios(results: dict) -> None:
+    ours_s = results["(a) ours (Translator, KV cache)"][0]
+    fp32_s = results["(c) CTranslate2 float32"][0]
+    int8_s = results["(c) CTranslate2 int8"][0]
+    print(
+        f"\nours' time / CTranslate2 float32's: {ours_s / fp32_s:.2f} "
+        f"(target <= 2: {verdict(ours_s / fp32_s <= 2)}); / int8's: {ours_s / int8_s:.2f}"
+    )
+
+
+def report_parity(ours: Translator, theirs: CTranslate2Translator, sources, references, beam):
+    print(f"\nparity, greedy search, all {len(sources)} sentences:")
+    ours_s, ours_ids, ours_load = timed(lambda s: ours.translate_ids(ours.encode(s)), sources)
+    ct2_s, ct2_ids, ct2_load = timed(lambda s: theirs.translate_ids(theirs.encode(s)), sources)
+    ours_text, ct2_text = ours.tokenizers.tgt.decode(ours_ids), ours.tokenizers.tgt.decode(ct2_ids)
+    ours_bleu, ct2_bleu = bleu(ours_text, references), bleu(ct2_text, references)
+    print(row("(a) ours, greedy", len(sources), ours_s, ours_bleu, ours_load))
+    print(row("(c) CTranslate2 float32, greedy", len(sources), ct2_s, ct2_bleu, ct2_load))
+    same = sum(a == b for a, b in zip(ours_ids, ct2_ids, strict=True))
+    share = 100 * same / len(sources)
+    delta = ct2_bleu - ours_bleu
+    print(
+        f"  identical token for token: {same} of {len(sources)} ({share:.1f}%; target >= 99%: "
+        f"{verdict(share >= 99)}); BLEU difference {delta:+.2f} (target |d| <= 0.1: "
+        f"{verdict(abs(delta) <= 0.1)})"
+    )
+    ours_beam = beam["(a) ours (Translator, KV cache)"][1]
+    for name in ("(c) CTranslate2 float32", "(c) CTranslate2 int8"):
+        same = sum(a == b for a, b in zip(ours_beam, beam[name][1], strict=True))
+        print(f"  beam 4: {name[4:]} output = ours on {same} of {len(sources)} sentences")
+
+
+def verdict(met: bool) -> str:
+    return "met" if met else "NOT met"
+
+
+if __name__ == "__main__":
+    main()
