@@ -81,3 +81,40 @@ def test_translate_keeps_one_output_line_per_input_line(tmp_path):
     assert len(result.stdout.decode("utf-8").split("\n")) == 5  # 4 lines + the final newline
     result = run("tmt-translate", f"run_dir={tmp_path / 'run'}", stdin=b"ok\n\xff\n")
     assert result.returncode == 2 and "<stdin>:2: not valid UTF-8" in result.stderr.decode()
+
+
+def test_translate_files_and_nbest_lists(tmp_path):
+    from transformer_mt.config import compose_job
+    from transformer_mt.train.run import train
+
+    overrides = [
+        "data=toy",
+        "data.toy_sizes=[300,20,20]",
+        "data.vocab_size=200",
+        "model=tiny",
+        "trainer.max_steps=1",
+        "trainer.batch_tokens=1000",
+        "trainer.progress_bar=false",
+        "trainer.loader_workers=0",
+        f"run_dir={tmp_path / 'run'}",
+        f"data.prepared_dir={tmp_path / 'p'}",
+    ]
+    train(compose_job("train", overrides))
+    (tmp_path / "in.txt").write_text("the dog.\n\nthe man sees the cat.\n", encoding="utf-8")
+    run_dir, files = f"run_dir={tmp_path / 'run'}", [f"input={tmp_path / 'in.txt'}"]
+    out = tmp_path / "out.txt"
+    result = run("tmt-translate", run_dir, *files, f"output={out}", "decode.max_len_b=5")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == b"" and len(out.read_text(encoding="utf-8").splitlines()) == 3
+
+    result = run("tmt-translate", run_dir, *files, "decode.nbest=3", "decode.max_len_b=5")
+    assert result.returncode == 0, result.stderr.decode()
+    entries = [line.split(" ||| ") for line in result.stdout.decode().splitlines()]
+    assert [int(e[0]) for e in entries] == [0, 0, 0, 1, 2, 2, 2]  # the empty line: one entry
+    for number in (0, 2):
+        scores = [float(e[2]) for e in entries if int(e[0]) == number]
+        assert scores == sorted(scores, reverse=True)
+
+    (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
+    result = run("tmt-translate", run_dir, f"input={tmp_path / 'bad.txt'}")
+    assert result.returncode == 2 and "bad.txt:2: not valid UTF-8" in result.stderr.decode()

@@ -147,31 +147,56 @@ def evaluate_main(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="translate")
 def translate_main(cfg: DictConfig) -> None:
-    """tmt-translate: lines on stdin, translations on stdout (flushed after each batch of lines)."""
+    """tmt-translate: lines of stdin or a file; translations (or n-best lists) to stdout or a
+    file, flushed after each batch of lines."""
+    from contextlib import ExitStack
+
     from transformer_mt.decode.translator import Translator
 
     def task() -> None:
         job = to_job(cfg, TranslateJob)
-        sys.stdout.reconfigure(encoding="utf-8")
         translator = Translator.from_run(
             job.run_dir, job.checkpoint, decode=job.decode, device=job.device
         )
-        for lines in stdin_batches(64):
-            for translation in translator.translate(lines):
-                sys.stdout.write(translation + "\n")
-            sys.stdout.flush()
+        with ExitStack() as files:
+            if job.input is None:
+                source, name = sys.stdin.buffer, "<stdin>"
+            else:
+                source, name = files.enter_context(open_input(job.input)), job.input
+            if job.output is None:
+                sys.stdout.reconfigure(encoding="utf-8")
+                target = sys.stdout
+            else:
+                target = files.enter_context(open(job.output, "w", encoding="utf-8"))
+            number = 0
+            for lines in line_batches(source, name, 64):
+                if job.decode.nbest > 1:
+                    for nbest in translator.translate_nbest(lines):
+                        for entry in nbest:
+                            target.write(f"{number} ||| {entry.text} ||| {entry.score:.4f}\n")
+                        number += 1
+                else:
+                    target.writelines(t + "\n" for t in translator.translate(lines))
+                target.flush()
 
     run_reporting_errors(task)
 
 
-def stdin_batches(size: int) -> Iterator[list[str]]:
-    """Lines of standard input (UTF-8, split on newlines only) in batches of up to `size`."""
+def open_input(path: str):
+    try:
+        return open(path, "rb")
+    except OSError as error:
+        raise TransformerMTError(f"input={path}: {error.strerror}") from None
+
+
+def line_batches(stream, name: str, size: int) -> Iterator[list[str]]:
+    """Lines of a binary stream (UTF-8, split on newlines only) in batches of up to `size`."""
     batch: list[str] = []
-    for number, raw in enumerate(sys.stdin.buffer, start=1):
+    for number, raw in enumerate(stream, start=1):
         try:
             batch.append(raw.decode("utf-8").rstrip("\r\n"))
         except UnicodeDecodeError:
-            raise TransformerMTError(f"<stdin>:{number}: not valid UTF-8") from None
+            raise TransformerMTError(f"{name}:{number}: not valid UTF-8") from None
         if len(batch) == size:
             yield batch
             batch = []

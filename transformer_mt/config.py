@@ -252,7 +252,7 @@ class EvalJob:
 
 @dataclass(kw_only=True)
 class TranslateJob:
-    """`tmt-translate`: stdin to stdout."""
+    """`tmt-translate`: stdin (or a file) to stdout (or a file), flushed after each batch."""
 
     run_dir: str
     """Run folder written by `tmt-train`."""
@@ -261,6 +261,11 @@ class TranslateJob:
     tmt-export (e.g. ctranslate2), to translate with CTranslate2."""
     device: str = "auto"
     """auto, cpu, cuda."""
+    input: str | None = None
+    """File to translate, one sentence per line, UTF-8 (null: standard input)."""
+    output: str | None = None
+    """File to write (null: standard output). With decode.nbest > 1 each line is
+    'input line number (from 0) ||| translation ||| score', best first (Moses' n-best format)."""
     decode: DecodeConfig
 
 
