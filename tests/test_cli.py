@@ -57,8 +57,8 @@ def test_mismatched_parallel_files_are_named(tmp_path):
     assert "Traceback" not in stderr
 
 
-def test_translate_keeps_one_output_line_per_input_line(tmp_path):
-    """Unicode line separators inside a line must not split it; invalid UTF-8 is named."""
+def train_one_update(tmp_path: Path) -> None:
+    """A run folder at tmp_path/run with a one-update tiny model (enough to translate with)."""
     from transformer_mt.config import compose_job
     from transformer_mt.train.run import train
 
@@ -75,6 +75,11 @@ def test_translate_keeps_one_output_line_per_input_line(tmp_path):
         f"data.prepared_dir={tmp_path / 'p'}",
     ]
     train(compose_job("train", overrides))
+
+
+def test_translate_keeps_one_output_line_per_input_line(tmp_path):
+    """Unicode line separators inside a line must not split it; invalid UTF-8 is named."""
+    train_one_update(tmp_path)
     lines = "the dog.\nthe cat\u2028sees the dog.\n\nthe man.\n".encode()
     result = run("tmt-translate", f"run_dir={tmp_path / 'run'}", "decode=greedy", stdin=lines)
     assert result.returncode == 0, result.stderr.decode()
@@ -84,22 +89,7 @@ def test_translate_keeps_one_output_line_per_input_line(tmp_path):
 
 
 def test_translate_files_and_nbest_lists(tmp_path):
-    from transformer_mt.config import compose_job
-    from transformer_mt.train.run import train
-
-    overrides = [
-        "data=toy",
-        "data.toy_sizes=[300,20,20]",
-        "data.vocab_size=200",
-        "model=tiny",
-        "trainer.max_steps=1",
-        "trainer.batch_tokens=1000",
-        "trainer.progress_bar=false",
-        "trainer.loader_workers=0",
-        f"run_dir={tmp_path / 'run'}",
-        f"data.prepared_dir={tmp_path / 'p'}",
-    ]
-    train(compose_job("train", overrides))
+    train_one_update(tmp_path)
     (tmp_path / "in.txt").write_text("the dog.\n\nthe man sees the cat.\n", encoding="utf-8")
     run_dir, files = f"run_dir={tmp_path / 'run'}", [f"input={tmp_path / 'in.txt'}"]
     out = tmp_path / "out.txt"
