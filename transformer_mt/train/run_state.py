@@ -80,7 +80,6 @@ def rng_states(ranks: Ranks, device: torch.device) -> dict[str, list[torch.Tenso
 def restore_rng(state: dict, ranks: Ranks, device: torch.device, seed: int, step: int) -> bool:
     """This rank's saved RNG states; with another number of ranks, fresh seeds (returns False)."""
     cpu = state.get("rng_cpu", [])
-    cpu = [cpu] if isinstance(cpu, torch.Tensor) else cpu
     if len(cpu) != ranks.world_size:
         torch.manual_seed(seed + 1_000_003 * (step + 1) + ranks.rank)
         return False

@@ -148,7 +148,7 @@ class Trainer:
         self.progress = Progress.from_state(state["progress"])
         self.saved_step = self.progress.step
         layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
-        if self.progress.layout and self.progress.layout != layout:
+        if self.progress.layout != layout:
             saved = self.progress
             self.position_fraction = saved.batch_in_epoch / max(saved.batches_in_epoch, 1)
             log.warning(
