@@ -118,11 +118,12 @@ def test_greedy_output_equals_ours_token_for_token(
 
 def test_beam_output_equals_ours_on_most_sentences(needs_ctranslate2, shared, tmp_path):
     """Beam 4, GNMT penalty 0.6, n-best 4. Wherever no hypothesis of either search reaches its
-    length limit, the outputs are equal; 48 of 48 were, 30 of them below the limit, when this
+    length limit, the outputs are equal; 47 of 48 were, 45 of them below the limit, when this
     was written. At the limit they may differ: ours forces EOS as the last token, CTranslate2
     keeps its beams as they are and has one limit per batch. (Random models often repeat a
-    token up to the limit; this one ends most sentences before it.)"""
-    model = random_model(5, max_positions=64, scale=0.5, eos_scale=2.0)
+    token up to the limit; seed 6 under fairseq's initialisation ends most sentences before
+    it, at varied lengths, which the assertions below check.)"""
+    model = random_model(6, max_positions=64, scale=0.5, eos_scale=1.2)
     decode = DecodeConfig(beam_size=4, nbest=4, max_len_a=1.0, max_len_b=20)
     ours = Translator(model, shared, decode, torch.device("cpu"))
     theirs = exported(model, shared, tmp_path / "ct2", decode)

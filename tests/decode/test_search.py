@@ -163,7 +163,7 @@ def test_greedy_rows_leave_the_batch_at_eos_without_changing_outputs(random_mode
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_beam_search_with_min_len_finds_best_long_enough_sequence(random_model, seed):
-    model = random_model(vocab=6, seed=seed, sharpen=2.0, eos_bonus=3.0)
+    model = random_model(vocab=6, seed=seed, sharpen=2.0, eos_bonus=6.0)
     src = torch.tensor([[4, 5, EOS]])  # EOS is favoured from the third output token on
     max_len, min_len, alpha = 5, 3, 0.6
     candidates = []
