@@ -184,6 +184,9 @@ class TrainerConfig:
     """Updates with a non-finite gradient are skipped; stop after this many in a row."""
     progress_bar: bool = True
     """Show a tqdm progress bar."""
+    rank_timeout_minutes: float = 30.0
+    """Distributed runs: a rank that waits longer than this for the others in a collective fails
+    the job (a hung rank). Data preparation by rank 0 is waited for without this limit."""
     loader_workers: int = 1
     """Background processes that collate batches (0: collate in the training process)."""
 
@@ -452,6 +455,11 @@ def validate_trainer(trainer: TrainerConfig) -> None:
             f"trainer.{name}",
             f"must be >= 0, got {getattr(trainer, name)}",
         )
+    _require(
+        trainer.rank_timeout_minutes > 0,
+        "trainer.rank_timeout_minutes",
+        f"must be positive, got {trainer.rank_timeout_minutes}",
+    )
     _require(
         trainer.max_steps > 0 or trainer.max_epochs > 0 or trainer.max_time_minutes > 0,
         "trainer.max_steps",

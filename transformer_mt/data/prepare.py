@@ -59,13 +59,35 @@ def fingerprint(cfg: DataConfig) -> str:
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def prepared_folder(cfg: DataConfig) -> Path:
+    return Path(cfg.prepared_dir) / f"{cfg.name}-{fingerprint(cfg)}"
+
+
+def wait_until_prepared(cfg: DataConfig, *, poll_seconds: float = 2.0) -> None:
+    """Block until another process (rank 0) has finished preparing `cfg`'s corpus, however long
+    that takes (downloading and preparing WMT takes tens of minutes): a polled file, not a
+    collective, so no process-group timeout applies. A rank 0 that fails ends the job instead
+    (torchrun stops the other ranks)."""
+    ready = prepared_folder(cfg) / STATS_FILE
+    started = time.monotonic()
+    next_report = 600.0
+    while not ready.is_file():
+        time.sleep(poll_seconds)
+        waited = time.monotonic() - started
+        if waited >= next_report:
+            log.warning(
+                "still waiting for rank 0 to prepare %s (%.0f min)", ready.parent, waited / 60
+            )
+            next_report += 600.0
+
+
 def prepare(cfg: DataConfig, run_dir: Path, *, main_process: bool = True) -> PreparedData:
     """The prepared corpus (built if needed); the run folder gets copies of its tokenizers.
 
     main_process=False (the other ranks of a distributed run, after rank 0 prepared): open the
     prepared corpus only, writing nothing.
     """
-    folder = Path(cfg.prepared_dir) / f"{cfg.name}-{fingerprint(cfg)}"
+    folder = prepared_folder(cfg)
     if not main_process:
         if not (folder / STATS_FILE).is_file():
             raise DataError(f"{folder}: prepared data not found (rank 0 should have built it)")

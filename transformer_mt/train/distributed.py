@@ -64,8 +64,9 @@ class Ranks:
             dist.barrier(group=self.control)
 
 
-def start_ranks(device_name: str) -> tuple[Ranks, torch.device]:
-    """This process's rank and device; joins the process group when launched by torchrun."""
+def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks, torch.device]:
+    """This process's rank and device; joins the process group when launched by torchrun.
+    A collective that waits longer than `timeout_minutes` for another rank fails the job."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return Ranks(), resolve_device(device_name)
@@ -80,8 +81,11 @@ def start_ranks(device_name: str) -> tuple[Ranks, torch.device]:
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, timeout=datetime.timedelta(minutes=30))
-    control = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    dist.init_process_group(backend, timeout=timeout)
+    control = (
+        dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
+    )
     return Ranks(rank, world_size, local_rank, control), device
 
 

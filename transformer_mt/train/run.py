@@ -9,7 +9,7 @@ import torch
 from omegaconf import OmegaConf
 
 from transformer_mt.config import TrainJob, validate_train
-from transformer_mt.data.prepare import prepare
+from transformer_mt.data.prepare import prepare, wait_until_prepared
 from transformer_mt.files import write_text_atomically
 from transformer_mt.model import count_parameters
 from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
@@ -22,7 +22,7 @@ def train(cfg: TrainJob) -> Path:
     """Prepare data, train, validate and checkpoint into cfg.run_dir; return the last checkpoint.
     Under torchrun every rank calls it; rank 0 prepares data and writes files."""
     validate_train(cfg)
-    ranks, device = start_ranks(cfg.trainer.device)
+    ranks, device = start_ranks(cfg.trainer.device, cfg.trainer.rank_timeout_minutes)
     try:
         return train_ranks(cfg, ranks, device)
     finally:
@@ -43,6 +43,7 @@ def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device) -> Path:
         ranks.barrier()
     else:
         logging.getLogger("transformer_mt").setLevel(logging.WARNING)
+        wait_until_prepared(cfg.data)  # no collective yet: preparing may outlast its timeout
         ranks.barrier()
         data = prepare(cfg.data, run_dir, main_process=False)
     if cfg.trainer.num_threads:
@@ -66,7 +67,7 @@ def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device) -> Path:
         trainer.progress.step,
         trainer.progress.train_seconds / 60,
     )
-    if trainer.signals.received is None:  # pre-emption leaves no time for more
+    if not trainer.stop_signalled:  # pre-emption leaves no time for more (agreed by all ranks)
         improved = False
         if trainer.validated_step != trainer.progress.step:
             improved, _ = trainer.validate_and_judge()

@@ -106,6 +106,9 @@ class Trainer:
         self.last_save_time = time.monotonic()
         self.nonfinite = NonFiniteUpdates(device)
         self.signals = StopSignals()
+        # Decisions that end the loop, agreed by all ranks after every update (a rank's clock or a
+        # signal that reached one rank must not send the ranks down different paths).
+        self.out_of_time = self.stop_signalled = False
         self.peak_flops = (
             peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
         )
@@ -404,7 +407,7 @@ class Trainer:
             return f"reached trainer.max_steps={trainer.max_steps}"
         if trainer.max_epochs and progress.epoch >= trainer.max_epochs:
             return f"reached trainer.max_epochs={trainer.max_epochs}"
-        if trainer.max_time_minutes and progress.train_seconds >= 60 * trainer.max_time_minutes:
+        if self.out_of_time:
             return f"reached trainer.max_time_minutes={trainer.max_time_minutes}"
         return None
 
@@ -428,9 +431,30 @@ class Trainer:
             stream.close()  # ends the DataLoader's worker processes
             bar.close()
 
+    def time_is_up(self) -> bool:
+        """This rank's view: trainer.max_time_minutes of training time spent (ranks agree on it
+        through `agree_on_stopping`)."""
+        limit = 60 * self.cfg.trainer.max_time_minutes
+        return bool(limit) and self.progress.train_seconds >= limit
+
+    def agree_on_stopping(self, time_due: bool) -> bool:
+        """One all-reduce after each update: stop when any rank has a stop signal or is out of
+        time; checkpoint when rank 0's timer says so. Returns whether to checkpoint for time."""
+        signalled, out_of_time, time_due_main = self.ranks.sum(
+            [
+                float(self.signals.received is not None),
+                float(self.time_is_up()),
+                float(time_due and self.ranks.is_main),
+            ]
+        )
+        self.stop_signalled, self.out_of_time = signalled > 0, out_of_time > 0
+        return time_due_main > 0
+
     def run_updates(self, stream, bar) -> str:
         trainer = self.cfg.trainer
         window, window_start = [], time.perf_counter()
+        # Every rank resumed the same saved training time, so this first reading is shared.
+        self.out_of_time = self.time_is_up()
         reason = self.stop_rule()
         while reason is None:
             started = time.perf_counter()
@@ -449,13 +473,11 @@ class Trainer:
                 improved, exhausted = self.validate_and_judge()
             minutes = trainer.checkpoint_every_minutes
             time_due = bool(minutes) and time.monotonic() - self.last_save_time >= 60 * minutes
-            signalled, time_due = self.ranks.sum(
-                [float(self.signals.received is not None), float(time_due and self.ranks.is_main)]
-            )
+            time_due = self.agree_on_stopping(time_due)
             periodic = trainer.checkpoint_every and step % trainer.checkpoint_every == 0
-            if improved or signalled or time_due or periodic:
+            if improved or self.stop_signalled or time_due or periodic:
                 self.save(best=improved)
-            if signalled:
+            if self.stop_signalled:
                 return f"stop signal ({self.signals.received or 'on another rank'})"
             if exhausted:
                 reason = (
