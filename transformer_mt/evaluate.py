@@ -1,5 +1,5 @@
 """Translate a split of a run's corpus; score it with sacreBLEU (BLEU, chrF, signatures) and with
-the paper-comparable tokenized BLEU, reported separately."""
+a tokenized BLEU that approximates the paper's, reported separately."""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ log = logging.getLogger(__name__)
 INTL_TOKENIZER = TokenizerV14International()
 COMPOUND = re.compile(r"(\S)-(\S)")
 TOKENIZED_BLEU_NOTE = (
-    "tokenized BLEU, comparable to the paper's numbers, not to sacreBLEU's default BLEU: text "
-    "tokenized with sacreBLEU's 'intl' tokenizer, hyphenated compounds split as "
-    "a ##AT##-##AT## b (tensor2tensor's get_ende_bleu.sh), then scored without further "
+    "tokenized BLEU, an approximation of the paper's metric, not sacreBLEU's default BLEU: text "
+    "tokenized with sacreBLEU's 'intl' tokenizer (the paper's get_ende_bleu.sh uses the Moses "
+    "tokenizer, which splits some punctuation and apostrophes differently), hyphenated "
+    "compounds split as a ##AT##-##AT## b as that script does, then scored without further "
     "tokenization or smoothing, like multi-bleu.perl"
 )
 
@@ -67,7 +68,7 @@ def tokenized_bleu(hypotheses: list[str], references: list[str]) -> tuple[BLEUSc
 
 
 def tokenized_bleu_scores(hypotheses: list[str], references: list[str]) -> dict:
-    """The paper-comparable BLEU under keys that say so, with its recipe and a warning."""
+    """The approximation of the paper's BLEU under keys that say so, with its recipe and a note."""
     score, signature = tokenized_bleu(hypotheses, references)
     return {
         "bleu_tokenized": round(score.score, 2),
