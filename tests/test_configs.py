@@ -23,7 +23,7 @@ def presets(group: str) -> list[str]:
 @pytest.mark.parametrize("group,preset", [(g, p) for g in GROUPS for p in presets(g)])
 def test_every_preset_composes(group, preset):
     overrides = [f"{group}={preset}", "run_dir=/tmp/x"]
-    if preset == "files":
+    if preset in ("files", "multi30k_de_en"):
         overrides.append("data.dir=/tmp/corpus")
     job = compose_job("train", overrides)
     assert isinstance(job, TrainJob)
@@ -32,7 +32,13 @@ def test_every_preset_composes(group, preset):
 
 @pytest.mark.parametrize(
     "name,schema",
-    [("train", TrainJob), ("demo", TrainJob), ("eval", EvalJob), ("translate", TranslateJob)],
+    [
+        ("train", TrainJob),
+        ("demo", TrainJob),
+        ("multi30k", TrainJob),
+        ("eval", EvalJob),
+        ("translate", TranslateJob),
+    ],
 )
 def test_top_level_configs_compose(name, schema):
     assert isinstance(compose_job(name, ["run_dir=/tmp/x"]), schema)
