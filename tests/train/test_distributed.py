@@ -237,8 +237,10 @@ def test_ranks_wait_for_a_preparation_longer_than_the_rank_timeout(same_batches,
         *same_batches,
         f"data.prepared_dir={tmp_path / 'fresh'}",
         "trainer.max_steps=2",
-        "trainer.rank_timeout_minutes=0.2",
+        "trainer.rank_timeout_minutes=0.3",
         f"run_dir={tmp_path / 'run'}",
     ]
-    run_two_ranks(overrides, {"prepare_delay": 20.0}, {})  # 20 s of preparation, 12 s timeout
+    # 30 s of preparation against an 18 s timeout, which every other wait of this tiny run stays
+    # far below even on a loaded machine.
+    run_two_ranks(overrides, {"prepare_delay": 30.0}, {})
     assert stopped_at(tmp_path / "run")[1].startswith("2 reached trainer.max_steps=2")

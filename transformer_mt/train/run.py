@@ -27,7 +27,11 @@ def train(cfg: TrainJob) -> Path:
     if device.type == "cpu":
         keep_freed_host_memory()  # +16% target tokens/s on Multi30k with 2 cores
     try:
-        return train_ranks(cfg, ranks, device)
+        last = train_ranks(cfg, ranks, device)
+        # Leave together: a rank that tears its connections down while another is still in its
+        # last collectives (rank 0 validates and saves last) can abort that rank at exit.
+        ranks.barrier()
+        return last
     finally:
         stop_ranks(ranks)
 
