@@ -195,7 +195,9 @@ def main() -> None:
         "--slice", type=int, default=200_000, help="pairs for the tutorial comparison"
     )
     parser.add_argument("--vocab", type=int, default=37_000)
-    parser.add_argument("--multi30k", default="../shared/data/multi30k")
+    parser.add_argument(
+        "--multi30k", default=None, help="a Multi30k folder (train.de, train.en) for its padding"
+    )
     parser.add_argument(
         "--workdir", default=None, help="where corpora are written (default: a temp dir)"
     )
@@ -240,8 +242,8 @@ def main() -> None:
         f"{tutorial_seconds / args.slice / ours_per_pair:.1f}x faster"
     )
 
-    multi30k = Path(args.multi30k)
-    if (multi30k / "train.de").is_file():
+    multi30k = Path(args.multi30k) if args.multi30k else None
+    if multi30k and (multi30k / "train.de").is_file():
         from transformer_mt.data.prepare import prepare
 
         cfg = DataConfig(
