@@ -268,9 +268,9 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm blocks already end with one.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
-        self.reset_parameters()
+        self.init_embeddings()
 
-    def reset_parameters(self) -> None:
+    def init_embeddings(self) -> None:
         """Embeddings N(0, D^-0.5) with a zero pad row; the layers initialise themselves
         (fairseq's scheme: see `init_attention`; feed-forward layers keep nn.Linear's default)."""
         for table in (self.embed, self.src_embed):
