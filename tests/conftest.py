@@ -15,12 +15,12 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 TINY_TRAIN = [
     "data=toy",
     "data.toy_sizes=[1500,40,40]",
-    "data.vocab_size=300",
+    "data.vocab_size=400",
     "model=tiny",
     "optim.warmup_steps=30",
     "optim.lr_scale=2.0",
     "trainer.batch_tokens=1500",
-    "trainer.global_batch_tokens=1333",  # one 1,500-token batch: 89% of it is target tokens
+    "trainer.global_batch_tokens=1333",  # one batch of at most 1,500 tokens (~90% target tokens)
     "trainer.max_steps=200",
     "trainer.valid_every=100",
     "trainer.valid_bleu_sentences=8",

@@ -65,7 +65,7 @@ def train_one_update(tmp_path: Path) -> None:
     overrides = [
         "data=toy",
         "data.toy_sizes=[300,20,20]",
-        "data.vocab_size=200",
+        "data.vocab_size=400",
         "model=tiny",
         "trainer.max_steps=1",
         "trainer.batch_tokens=1000",

@@ -92,7 +92,7 @@ def test_wmt14_preset_through_datasets_end_to_end(tiny_train_job, tmp_path, src_
         f"data.hf_path={tmp_path / 'hub'}",
         f"data.src_lang={src_lang}",
         f"data.tgt_lang={tgt_lang}",
-        "data.vocab_size=300",
+        "data.vocab_size=400",
         "trainer.max_steps=5",
     )
     run_dir = train(job).parents[1]
@@ -109,11 +109,11 @@ def test_wmt14_preset_through_datasets_end_to_end(tiny_train_job, tmp_path, src_
 
 @pytest.mark.slow
 def test_separate_vocabularies_train_and_translate(tiny_train_job):
-    job = tiny_train_job("data.shared_vocab=false", "data.vocab_size=250", "trainer.max_steps=5")
+    job = tiny_train_job("data.shared_vocab=false", "data.vocab_size=400", "trainer.max_steps=5")
     run_dir = train(job).parents[1]
     assert (run_dir / "spm.src.model").is_file() and (run_dir / "spm.tgt.model").is_file()
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert state["src_vocab_size"] == 250 and "src_embed.weight" in state["model"]
+    assert state["src_vocab_size"] == 400 and "src_embed.weight" in state["model"]
     translator = Translator.from_run(run_dir)
     assert translator.model.src_embed is not None
     assert len(translator.translate(["the dog sees the cat.", ""])) == 2

@@ -60,6 +60,10 @@ class DataConfig:
     """toy: number of train, valid and test pairs."""
     vocab_size: int = 8000
     """Size of the shared SentencePiece vocabulary (of each one, with shared_vocab=false)."""
+    character_coverage: float = 0.9999
+    """Share of the SentencePiece sample's characters that get pieces of their own; the rarest
+    rest, like any character never seen, is spelled in UTF-8 byte pieces. 0.9999 keeps a noisy
+    web corpus's stray scripts from taking vocabulary; 1.0 gives every seen character a piece."""
     shared_vocab: bool = True
     """True: one SentencePiece model and one embedding for both sides (the paper's). False: one
     model per side (languages with different scripts); only the decoder's input and output
@@ -75,7 +79,9 @@ class DataConfig:
     """Training pairs whose longer side has more than this many times the pieces of the shorter
     side are dropped (0 disables)."""
     unicode_form: str | None = "NFC"
-    """Unicode normalisation applied to every sentence before tokenization (NFC, NFKC, or null)."""
+    """The one Unicode normalisation of the text (NFC, NFKC, NFD, NFKD, or null: none), applied to
+    every sentence before tokenization, in preparation and in translation; SentencePiece adds
+    none of its own."""
     dedupe: bool = False
     """Drop exact duplicate training pairs."""
     invalid_utf8: str = "error"
@@ -378,8 +384,22 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
     _require(0.0 < cfg.top_p <= 1.0, f"{key}.top_p", f"must be in (0, 1] (1: off), got {cfg.top_p}")
 
 
+MIN_VOCAB_SIZE = 4 + 256
+"""Pieces every vocabulary holds: PAD, UNK, BOS, EOS and the byte-fallback pieces."""
+
+
 def validate_data(data: DataConfig) -> None:
-    _require(data.vocab_size >= 16, "data.vocab_size", f"must be >= 16, got {data.vocab_size}")
+    _require(
+        data.vocab_size > MIN_VOCAB_SIZE,
+        "data.vocab_size",
+        f"must be > {MIN_VOCAB_SIZE} (4 special pieces and 256 byte pieces, then the corpus's "
+        f"own), got {data.vocab_size}",
+    )
+    _require(
+        0.0 < data.character_coverage <= 1.0,
+        "data.character_coverage",
+        f"must be in (0, 1], got {data.character_coverage}",
+    )
     _require(
         data.unicode_form in (None, "NFC", "NFKC", "NFD", "NFKD"),
         "data.unicode_form",

@@ -1,8 +1,9 @@
-"""Which device and precision a run uses."""
+"""Which device and precision a run uses; the host's CPU cores and memory."""
 
 from __future__ import annotations
 
 import ctypes
+import os
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
@@ -43,3 +44,10 @@ def keep_freed_host_memory() -> bool:
     m_trim_threshold, m_mmap_max = -1, -4  # glibc's malloc.h
     # No block is mmap'ed; freed memory stays in the heap unless 1 GiB of it lies free at its top.
     return bool(mallopt(m_mmap_max, 0)) and bool(mallopt(m_trim_threshold, 1 << 30))
+
+
+def usable_cpus() -> int:
+    """CPU cores this process may run on: its affinity where the OS has one (Linux), else all."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1

@@ -34,7 +34,7 @@ def config(tmp_path, corpus, **overrides) -> DataConfig:
         dir=str(corpus),
         src_lang="en",
         tgt_lang="de",
-        vocab_size=200,
+        vocab_size=400,
         prepared_dir=str(tmp_path / "prepared"),
     )
     return DataConfig(**{**settings, **overrides})
@@ -57,7 +57,7 @@ def test_reused_when_nothing_changed(tmp_path, corpus):
 def test_rebuilt_when_an_input_or_setting_changed(tmp_path, corpus, change):
     first = prepare(config(tmp_path, corpus), tmp_path / "run").folder
     overrides = {
-        "vocab_size": {"vocab_size": 190},
+        "vocab_size": {"vocab_size": 390},
         "max_length_ratio": {"max_length_ratio": 2.0},
         "dedupe": {"dedupe": True},
         "unicode_form": {"unicode_form": "NFKC"},
@@ -166,3 +166,20 @@ def test_truncated_store_is_refused_with_its_name(tmp_path, corpus):
     (folder / "train.src.bin").write_bytes(data[:-10])
     with pytest.raises(DataError, match="train.src.bin: .* do not match its index"):
         prepare(config(tmp_path, corpus), tmp_path / "run")
+
+
+def test_valid_text_is_the_split_as_read(tmp_path, corpus):
+    """Validation BLEU's sources and references: the valid split as read, not the cleaned,
+    NFC-normalised, length-filtered pairs of the binarized split."""
+    decomposed = "Cafe\u0301 \u2026  und Tee."  # NFD é, an ellipsis, two spaces
+    long_source = " ".join(["the dog sees the cat"] * 20) + "."
+    with open(corpus / "valid.en", "a", encoding="utf-8") as handle:
+        handle.write(f"{decomposed}\n{long_source}\n")
+    with open(corpus / "valid.de", "a", encoding="utf-8") as handle:
+        handle.write(f"{decomposed}\nDer Hund.\n")
+    data = prepare(config(tmp_path, corpus), tmp_path / "run")
+    sources, references = data.valid_text(10_000)
+    assert sources == (corpus / "valid.en").read_text(encoding="utf-8").splitlines()
+    assert references == (corpus / "valid.de").read_text(encoding="utf-8").splitlines()
+    assert len(data.valid) == len(references) - 1  # the binarized split dropped the long pair
+    assert data.valid_text(3) == (sources[:3], references[:3])

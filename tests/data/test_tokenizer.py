@@ -17,14 +17,14 @@ from transformer_mt.errors import ConfigError
 def test_train_encode_decode_round_trip(tmp_path):
     pairs = toy_pairs(500, seed=3)
     sentences = [s for pair in pairs for s in pair]
-    tokenizer = train_tokenizer(sentences, tmp_path / "spm.model", vocab_size=300)
+    tokenizer = train_tokenizer(sentences, tmp_path / "spm.model", vocab_size=400)
     assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.bos_id, tokenizer.eos_id) == (
         PAD_ID,
         UNK_ID,
         BOS_ID,
         EOS_ID,
     )
-    assert tokenizer.vocab_size == 300
+    assert tokenizer.vocab_size == 400
     sentences = [pairs[0][0], pairs[0][1], "Ein großes Haus."]
     assert tokenizer.decode(tokenizer.encode(sentences)) == sentences
 
@@ -41,3 +41,24 @@ def test_reservoir_sample_is_bounded_and_uniform_enough():
     sample = reservoir.items
     assert len(sample) == 100 and len(set(sample)) == 100
     assert sum(int(s) >= 5000 for s in sample) > 30  # not just the first lines
+
+
+@pytest.fixture(scope="module")
+def toy_tokenizer(tmp_path_factory):
+    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
+    return train_tokenizer(sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=400)
+
+
+def test_characters_never_seen_in_training_come_back_from_byte_pieces(toy_tokenizer):
+    sentences = ["Der Hund 😀 sieht 猫 und Ærø.", "Łódź, Dvořák, ǅ"]  # none in the toy corpus
+    ids = toy_tokenizer.encode(sentences)
+    assert all(UNK_ID not in row for row in ids)
+    assert toy_tokenizer.decode(ids) == sentences
+
+
+def test_the_tokenizer_adds_no_normalisation_of_its_own(toy_tokenizer):
+    """data.unicode_form is the only normalisation: compatibility characters that SentencePiece's
+    default NFKC rule would rewrite (… to ..., a non-breaking space to a space, ﬁ to fi, ½ to 1/2)
+    come back as they were."""
+    sentences = ["Warte\u2026 ein\u00a0Hund", "\ufb01ne \u00bd"]
+    assert toy_tokenizer.decode(toy_tokenizer.encode(sentences)) == sentences

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt.decode.search import beam_search, greedy_search, length_penalty
-from transformer_mt.model import Transformer
+from transformer_mt.model import EncoderOutput, Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 
@@ -50,16 +50,18 @@ def test_beam_search_finds_best_sequence_by_exhaustive_search(random_model, seed
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_beam_of_one_equals_greedy(random_model, seed):
-    model = random_model(vocab=20, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, 20, (5, 6), generator=generator)
-    src[2, 4:] = PAD
+def test_beam_of_one_without_length_penalty_equals_greedy(random_model, seed):
+    """With alpha = 0 a finished hypothesis beats every live one (log-probabilities only fall):
+    a beam of one stops where greedy does. (With alpha > 0 it may rightly go on: a longer ending
+    can score better after normalisation.)"""
+    model = random_model(vocab=20, seed=seed, sharpen=2.0, eos_bonus=3.0)
+    src = varied_lengths_batch(20, seed)
     greedy = greedy_search(model, src, bos_id=BOS, eos_id=EOS, max_len_a=1.0, max_len_b=5)
     beam = beam_search(
-        model, src, beam_size=1, bos_id=BOS, eos_id=EOS, alpha=0.6, max_len_a=1.0, max_len_b=5
+        model, src, beam_size=1, bos_id=BOS, eos_id=EOS, alpha=0.0, max_len_a=1.0, max_len_b=5
     )
     assert [h.tokens for h in greedy] == [hyps[0].tokens for hyps in beam]
+    assert len({len(h.tokens) for h in greedy}) > 1  # sentences end at different steps
 
 
 def test_nbest_lists_are_ordered_and_scored(random_model):
@@ -221,3 +223,101 @@ def test_min_len_holds_for_greedy_and_beam_and_the_length_limit_wins(random_mode
 )
 def test_length_penalty_matches_gnmt_formula_exactly(length, alpha, expected):
     assert length_penalty(length, alpha) == expected
+
+
+A, B, C = 4, 5, 6
+SCRIPT = {  # next-token weights after each prefix; the rest of the vocabulary gets 1e-4 each
+    (): {A: 0.6, B: 0.39},
+    (A,): {EOS: 0.55, A: 0.45},
+    (B,): {EOS: 0.6, A: 0.4},
+    (B, A): {EOS: 1.0},
+    (A, A): {C: 1.0},
+    (A, A, C): {C: 1.0},
+    (A, A, C, C): {C: 1.0},
+    (A, A, C, C, C): {C: 1.0},
+    (A, A, C, C, C, C): {EOS: 1.0},
+}
+
+
+def scripted_log_probs(prefix: tuple[int, ...], vocab: int = 7) -> torch.Tensor:
+    """(V,) log-probabilities after `prefix`: SCRIPT's weights, uniform after unlisted prefixes."""
+    weights = torch.full((vocab,), 1e-4)
+    for token, weight in SCRIPT.get(prefix, {t: 1.0 for t in (EOS, A, B, C)}).items():
+        weights[token] = weight
+    return F.log_softmax(weights.log(), dim=-1)
+
+
+class ScriptedModel(torch.nn.Module):
+    """The encode / decode interface of Transformer, with next-token probabilities looked up in
+    SCRIPT by the prefix generated so far. The prefix travels in the decoder cache (as the keys
+    of one layer), so that beam reordering and pruning carry it as they carry real keys."""
+
+    pad_id = PAD
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("positions", torch.zeros(32, 1))
+
+    def encode(self, src):
+        return EncoderOutput(torch.zeros(src.shape[0], src.shape[1], 1), src != PAD)
+
+    def fill_cross_attention(self, encoded, cache):
+        if not cache.cross_k:
+            cache.cross_k.append(torch.zeros(encoded.memory.shape[0], 1, 1, 1))
+            cache.cross_v.append(torch.zeros(encoded.memory.shape[0], 1, 1, 1))
+
+    def decode(self, tgt_in, encoded, cache):
+        new = tgt_in.float()[:, None, :, None]  # (N, 1, T, 1)
+        if cache.self_k:
+            new = torch.cat([cache.self_k[0], new], dim=2)
+        cache.self_k, cache.self_v = [new], [new]
+        prefixes = [tuple(int(t) for t in row[1:]) for row in new[:, 0, :, 0]]  # BOS dropped
+        return torch.stack([scripted_log_probs(p) for p in prefixes])[:, None, :]  # (N, 1, V)
+
+
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_beam_search_does_not_stop_at_short_endings_a_longer_hypothesis_beats(beam_size):
+    """SCRIPT gives two short endings, [A] and [B A], that finish first (fairseq's rule, done at
+    beam_size finished hypotheses, stops there), while [A A C C C C], whose tokens after A A are
+    certain, finishes later with the best normalised score of all sequences."""
+    src, max_len, alpha = torch.tensor([[A, EOS]]), 8, 0.6
+    candidates = []
+    for length in range(max_len):
+        for body in itertools.product([A, B, C], repeat=length):
+            tokens = (*body, EOS)
+            log_prob = sum(
+                float(scripted_log_probs(tokens[:t])[tokens[t]]) for t in range(len(tokens))
+            )
+            candidates.append((log_prob / length_penalty(len(tokens), alpha), list(body)))
+    best_score, best_tokens = max(candidates)
+    assert best_tokens == [A, A, C, C, C, C]
+    (hyps,) = beam_search(
+        ScriptedModel(),
+        src,
+        beam_size=beam_size,
+        bos_id=BOS,
+        eos_id=EOS,
+        unk_id=UNK,
+        alpha=alpha,
+        max_len_a=0.0,
+        max_len_b=max_len,
+    )
+    assert hyps[0].tokens == best_tokens
+    assert hyps[0].score == pytest.approx(best_score, abs=1e-5)
+    assert len(hyps) == beam_size
+
+
+def test_the_unknown_piece_is_never_generated(random_model):
+    model = random_model(vocab=20, seed=0)
+    with torch.no_grad():
+        model.embed.weight[UNK] = model.embed.weight[4:].sum(dim=0)  # UNK's logit stands out
+    src = varied_lengths_batch(20, 0)
+    common = {"bos_id": BOS, "eos_id": EOS, "max_len_b": 6}
+    assert any(UNK in h.tokens for h in greedy_search(model, src, **common))  # it would be
+    outputs = [h.tokens for h in greedy_search(model, src, unk_id=UNK, **common)]
+    outputs += [
+        h.tokens
+        for hyps in beam_search(model, src, beam_size=3, unk_id=UNK, **common)
+        for h in hyps
+    ]
+    assert outputs and all(UNK not in tokens for tokens in outputs)

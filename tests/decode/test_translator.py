@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from transformer_mt.config import DecodeConfig, Strategy
-from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
+from transformer_mt.data.tokenizer import UNK_ID, Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.translator import Translation, Translator
 from transformer_mt.errors import ConfigError
 
-VOCAB, POSITIONS = 300, 24  # inputs longer than 23 pieces (+ EOS) do not fit
+VOCAB, POSITIONS = 400, 24  # inputs longer than 23 pieces (+ EOS) do not fit
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +103,33 @@ def test_greedy_and_sampling_give_one_translation_whatever_nbest(make_translator
 def test_invalid_temperature_is_named_before_any_work(make_translator):
     with pytest.raises(ConfigError, match=r"'decode\.temperature': must be > 0"):
         make_translator(strategy=Strategy.sample, temperature=0.0)
+
+
+@pytest.mark.parametrize("decode", [{"strategy": Strategy.greedy}, {"beam_size": 3}])
+def test_unseen_characters_translate_without_unknown_pieces(make_translator, decode):
+    translator = make_translator(**decode)
+    with torch.no_grad():  # the unknown piece's logit stands out: a search that allows it picks it
+        translator.model.embed.weight[UNK_ID] = translator.model.embed.weight[4:].sum(dim=0)
+    sentences = ["the dog 😀 sees 猫.", "Łódź and Dvořák."]
+    assert all(UNK_ID not in ids for ids in translator.encode(sentences))
+    outputs = translator.translate(sentences)
+    assert all(output and "\u2047" not in output for output in outputs)  # no ' ⁇ '
+
+
+def test_nfc_translation_keeps_compatibility_characters(make_translator):
+    translator = make_translator()  # data.unicode_form NFC: … and the non-breaking space stay
+    sentence = "the dog\u2026 sees\u00a0a cat."
+    assert translator.tokenizers.src.decode(translator.encode([sentence])) == [sentence]
+
+
+def test_a_line_break_spelled_in_byte_pieces_does_not_break_the_output_line(make_translator):
+    translator = make_translator(strategy=Strategy.greedy)
+    byte_pieces = [
+        translator.tokenizers.tgt.processor.piece_to_id(f"<0x{b:02X}>") for b in (10, 29)
+    ]
+    dog = translator.tokenizers.tgt.encode(["dog"])[0]
+    translator.translate_ids = lambda ids: [
+        [*dog, byte_pieces[0], *dog, byte_pieces[1]] for _ in ids
+    ]
+    (output,) = translator.translate(["the dog."])  # the model "wrote" a newline and a U+001D
+    assert output.splitlines() == [output] and output.split() == ["dog", "dog"]

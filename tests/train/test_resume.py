@@ -58,7 +58,8 @@ def test_update_count_and_learning_rate_continue_after_resume(tiny_train_job):
 
 def test_another_micro_batch_budget_keeps_the_global_batch_and_the_schedule(tiny_train_job, caplog):
     first = load(train(tiny_train_job("trainer.max_steps=4", *QUICK)))
-    assert first["progress"]["layout"] == [1, 1500]
+    world_size, first_micro = first["progress"]["layout"]  # one batch of at most 1,500 tokens
+    assert world_size == 1 and 800 < first_micro <= 1500
     fraction = first["progress"]["batch_in_epoch"] / first["progress"]["batches_in_epoch"]
     with caplog.at_level(logging.WARNING):
         second = load(

@@ -7,11 +7,21 @@ exact duplicates); length filters run on piece counts after encoding (too long, 
 from __future__ import annotations
 
 import hashlib
+import re
 import unicodedata
 from collections import Counter
 from collections.abc import Iterable, Iterator
 
 import numpy as np
+
+LINE_BREAKS = re.compile("[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+"""Every character at which Python's str.splitlines() breaks a line."""
+
+
+def single_line(text: str) -> str:
+    """Line breaks inside a sentence (in HF datasets, or spelled by a model in byte pieces) as
+    spaces: one sentence stays one line of a text file, for any reader."""
+    return LINE_BREAKS.sub(" ", text)
 
 
 def normalise(text: str, form: str | None) -> str:

@@ -9,6 +9,7 @@ when complete: an interrupted build is never mistaken for a finished one.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -20,7 +21,7 @@ from pathlib import Path
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data.binarize import CHUNK_LINES, binarize
-from transformer_mt.data.clean import clean_text_pairs
+from transformer_mt.data.clean import clean_text_pairs, single_line
 from transformer_mt.data.sources import corpus_identity, read_pairs, source_version
 from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import (
@@ -32,13 +33,18 @@ from transformer_mt.data.tokenizer import (
     load_tokenizers,
     train_tokenizer,
 )
+from transformer_mt.device import usable_cpus
 from transformer_mt.errors import DataError
 from transformer_mt.files import copy_atomically, write_text_atomically
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: SentencePiece without its own normalisation, with byte fallback
 STATS_FILE = "stats.json"
+
+
+VALID_TEXT = ("valid.text.src", "valid.text.tgt")
+"""The valid split as read, one sentence a line: what validation BLEU translates and scores."""
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,16 @@ class PreparedData:
     train: ParallelTokens
     valid: ParallelTokens
     folder: Path
+
+    def valid_text(self, count: int) -> tuple[list[str], list[str]]:
+        """The first `count` sources and references of the valid split as read: not cleaned,
+        normalised or length-filtered like the binarized split (validation BLEU scores raw
+        references, as tmt-eval does)."""
+        sides = []
+        for name in VALID_TEXT:
+            with open(self.folder / name, encoding="utf-8") as lines:
+                sides.append([line.rstrip("\n") for line in itertools.islice(lines, count)])
+        return sides[0], sides[1]
 
 
 def fingerprint(cfg: DataConfig) -> str:
@@ -213,6 +229,7 @@ def build_into(cfg: DataConfig, folder: Path) -> dict:
         counted = {reason: count for reason, count in dropped.items() if count}
         stats["splits"][split] = {"kept": kept, "dropped": counted}
         log.info("%s: kept %d pairs; dropped %s", split, kept, counted or "none")
+    write_valid_text(cfg, folder)
     seconds["binarize"] = time.perf_counter() - clock
     stats["seconds"] = {phase: round(value, 1) for phase, value in seconds.items()}
     return stats
@@ -228,7 +245,7 @@ def binarize_split(
     small: bool,
 ) -> int:
     """Encode the split's cleaned text into the store (worker processes unless it is small)."""
-    workers = 1 if small else cfg.num_workers or len(os.sched_getaffinity(0))
+    workers = 1 if small else cfg.num_workers or usable_cpus()
     text = [folder / f"{split}.clean.{side}" for side in ("src", "tgt")]
     kept = binarize(
         *text,
@@ -257,20 +274,21 @@ def train_tokenizers(
     cfg: DataConfig, samples: tuple[Reservoir, Reservoir], folder: Path
 ) -> Tokenizers:
     """One SentencePiece model on both sides' sample (the paper's), or one per side."""
+    settings = {"vocab_size": cfg.vocab_size, "character_coverage": cfg.character_coverage}
     if cfg.shared_vocab:
         log.info(
             "training SentencePiece (BPE, %d pieces) on %d sentences",
             cfg.vocab_size,
             len(samples[0].items),
         )
-        shared = train_tokenizer(samples[0].items, folder / SHARED_FILE, vocab_size=cfg.vocab_size)
+        shared = train_tokenizer(samples[0].items, folder / SHARED_FILE, **settings)
         return Tokenizers(shared, shared)
     log.info(
         "training source and target SentencePiece models (BPE, %d pieces each)", cfg.vocab_size
     )
     return Tokenizers(
-        train_tokenizer(samples[0].items, folder / SRC_FILE, vocab_size=cfg.vocab_size),
-        train_tokenizer(samples[1].items, folder / TGT_FILE, vocab_size=cfg.vocab_size),
+        train_tokenizer(samples[0].items, folder / SRC_FILE, **settings),
+        train_tokenizer(samples[1].items, folder / TGT_FILE, **settings),
     )
 
 
@@ -303,6 +321,12 @@ def write_clean_text(
     return count
 
 
-def single_line(text: str) -> str:
-    """Line breaks inside a sentence (possible in HF datasets) would misalign the text files."""
-    return text.replace("\n", " ").replace("\r", " ")
+def write_valid_text(cfg: DataConfig, folder: Path) -> None:
+    """The valid split as read (line breaks inside a sentence aside) into VALID_TEXT."""
+    with (
+        open(folder / VALID_TEXT[0], "w", encoding="utf-8") as src_out,
+        open(folder / VALID_TEXT[1], "w", encoding="utf-8") as tgt_out,
+    ):
+        for src, tgt in read_pairs(cfg, "valid"):
+            src_out.write(single_line(src) + "\n")
+            tgt_out.write(single_line(tgt) + "\n")

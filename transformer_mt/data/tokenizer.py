@@ -10,6 +10,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
+from transformer_mt.device import usable_cpus
 from transformer_mt.errors import ConfigError, DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -84,9 +85,20 @@ class Reservoir:
 
 
 def train_tokenizer(
-    sentences: list[str], model_path: str | os.PathLike, *, vocab_size: int
+    sentences: list[str],
+    model_path: str | os.PathLike,
+    *,
+    vocab_size: int,
+    character_coverage: float = 0.9999,
 ) -> Tokenizer:
-    """Train BPE on `sentences` (source and target mixed, already sampled); save to model_path."""
+    """Train BPE on `sentences` (source and target mixed, already sampled); save to model_path.
+
+    The text is used as it is: data.unicode_form, applied before, is the only normalisation
+    (SentencePiece's own NFKC rule is off, so pieces decode to exactly the text they encode).
+    Characters outside the `character_coverage` share of the sample's characters, and any
+    character never seen, are spelled in UTF-8 byte pieces (byte fallback): nothing encodes to
+    <unk>, and decoding gives every character back.
+    """
     sentences = [s for s in sentences if s.strip()]
     if not sentences:
         raise DataError("cannot train SentencePiece: no non-empty training sentences")
@@ -98,12 +110,14 @@ def train_tokenizer(
             model_prefix=str(model_path.with_suffix("")),
             vocab_size=vocab_size,
             model_type="bpe",
-            character_coverage=1.0,
+            character_coverage=character_coverage,
+            normalization_rule_name="identity",
+            byte_fallback=True,
             pad_id=PAD_ID,
             unk_id=UNK_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
-            num_threads=len(os.sched_getaffinity(0)),
+            num_threads=usable_cpus(),
             minloglevel=2,
         )
     except RuntimeError as error:

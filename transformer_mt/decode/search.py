@@ -7,15 +7,19 @@ beams) and kept for every step. A sentence that is done leaves the batch:
 its rows are dropped from the tokens, the encoder output and the cache, so later steps compute
 only live sentences.
 
-Beam search is a pure step (`beam_step` and `survivors`: best candidates from log-probabilities)
+Beam search is a pure step (`beam_step` and `survivors`: best candidates from logits)
 inside a small loop that keeps finished hypotheses and reorders the KV cache by each survivor's
 origin. Scores are length-normalised with the GNMT penalty lp(Y) = ((5 + |Y|) / 6) ** alpha,
 where |Y| counts the generated tokens including EOS.
 
-Stopping rule (fairseq's): a sentence is done once it holds beam_size finished hypotheses (an EOS
-among the best beam_size of the 2 * beam_size candidates of a step finishes one), or at its
-length limit. This is the usual "stop early" approximation, not a bound: with alpha > 0 a live
-hypothesis could still end with a better normalised score. It makes a beam of one exactly greedy.
+Stopping rule (tensor2tensor's, exact for the beam): a sentence keeps its best beam_size finished
+hypotheses (an EOS among the best beam_size of the 2 * beam_size candidates of a step finishes
+one) and is done only when it holds beam_size of them and no live hypothesis can still beat the
+worst: a live hypothesis's log-probability can only fall, so its best normalised score is bounded
+by its score divided by the largest penalty it could still get (at the sentence's length limit
+for alpha >= 0). Or at its length limit. fairseq's and CTranslate2's rule (done at beam_size
+finished hypotheses) lets a confident model collect short endings before its best hypothesis
+finishes. With alpha = 0 a beam of one is exactly greedy.
 """
 
 from __future__ import annotations
@@ -24,7 +28,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
@@ -47,7 +50,7 @@ def max_lengths(src_keep: Tensor, max_len_a: float, max_len_b: int, limit: int) 
     return (max_len_a * source_lengths + max_len_b).long().clamp(max=limit)  # (B,)
 
 
-def next_log_probs(
+def next_token_logits(
     model: Transformer,
     last: Tensor,
     encoded: EncoderOutput,
@@ -58,22 +61,26 @@ def next_log_probs(
     min_len: int,
     bos_id: int,
     eos_id: int,
-) -> Tensor:
-    """Log-probabilities (N, V) of the token after `last` (N, 1), the `step`-th generated one.
+    unk_id: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Logits (N, V) of the token after `last` (N, 1), the `step`-th generated one, with banned
+    tokens at -inf, and the log-normaliser (N,) of the full softmax: the log-probabilities are
+    logits - normaliser[:, None], without renormalising over the tokens left.
 
-    PAD and BOS are banned, EOS before min_len generated tokens, and anything but EOS in rows
-    `at_limit` (N,); the limit wins over min_len. Banned tokens get -inf, without renormalising.
+    Banned: PAD, BOS and (given unk_id) the unknown piece; EOS before min_len generated tokens;
+    anything but EOS in rows `at_limit` (N,). The limit wins over min_len.
     """
-    logits = model.decode(last, encoded, cache)[:, -1]  # (N, V)
-    log_probs = F.log_softmax(logits.float(), dim=-1)
-    eos = log_probs[:, eos_id].clone()
-    log_probs[:, [model.pad_id, bos_id]] = -torch.inf
+    logits = model.decode(last, encoded, cache)[:, -1].float()  # (N, V)
+    normaliser = torch.logsumexp(logits, dim=-1)  # (N,)
+    eos = logits[:, eos_id].clone()
+    banned = [model.pad_id, bos_id] if unk_id is None else [model.pad_id, bos_id, unk_id]
+    logits[:, banned] = -torch.inf
     if step < min_len:
-        log_probs[:, eos_id] = -torch.inf
+        logits[:, eos_id] = -torch.inf
     if bool(at_limit.any()):
-        log_probs[at_limit] = -torch.inf
-        log_probs[at_limit, eos_id] = eos[at_limit]
-    return log_probs
+        logits[at_limit] = -torch.inf
+        logits[at_limit, eos_id] = eos[at_limit]
+    return logits, normaliser
 
 
 def keep_rows(encoded: EncoderOutput, cache: DecoderCache, rows: Tensor) -> EncoderOutput:
@@ -96,6 +103,7 @@ def single_path_search(
     *,
     bos_id: int,
     eos_id: int,
+    unk_id: int | None = None,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
@@ -111,7 +119,7 @@ def single_path_search(
     scores = torch.zeros(src.shape[0], device=src.device)
     results: list[Hypothesis | None] = [None] * src.shape[0]
     for step in range(int(limits.max())):
-        log_probs = next_log_probs(
+        logits, normaliser = next_token_logits(
             model,
             tokens[:, -1:],
             encoded,
@@ -121,7 +129,9 @@ def single_path_search(
             min_len=min_len,
             bos_id=bos_id,
             eos_id=eos_id,
+            unk_id=unk_id,
         )
+        log_probs = logits - normaliser.unsqueeze(1)  # (N, V)
         token = choose(log_probs)  # (N,)
         scores = scores + log_probs.gather(1, token[:, None]).squeeze(1)
         tokens = torch.cat([tokens, token[:, None]], dim=1)  # (N, step + 2)
@@ -144,6 +154,7 @@ def greedy_search(
     *,
     bos_id: int,
     eos_id: int,
+    unk_id: int | None = None,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
@@ -155,6 +166,7 @@ def greedy_search(
         lambda log_probs: log_probs.argmax(dim=-1),
         bos_id=bos_id,
         eos_id=eos_id,
+        unk_id=unk_id,
         max_len_a=max_len_a,
         max_len_b=max_len_b,
         min_len=min_len,
@@ -162,17 +174,25 @@ def greedy_search(
 
 
 def beam_step(
-    log_probs: Tensor, scores: Tensor, n_candidates: int
+    logits: Tensor, normaliser: Tensor, scores: Tensor, n_candidates: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Best continuations of every beam.
 
-    log_probs: (B, K, V) next-token log-probabilities; scores: (B, K) cumulative log-probabilities.
+    logits: (B, K, V) next-token logits (banned tokens -inf) and normaliser (B, K) their
+    softmax's log-normaliser (next_token_logits); scores: (B, K) cumulative log-probabilities.
     Returns (candidate scores, origin beam, token), each (B, n_candidates), best first.
+
+    A beam can only contribute its own best n_candidates tokens, whose order its logits already
+    give: the top-k runs over each beam's V logits, then over the K * n_candidates survivors,
+    and only those are turned into log-probabilities (not the (B, K, V) whole).
     """
-    batch, beams, vocab = log_probs.shape
-    total = (scores.unsqueeze(-1) + log_probs).view(batch, beams * vocab)
-    top_scores, flat_index = total.topk(n_candidates, dim=-1)
-    return top_scores, flat_index // vocab, flat_index % vocab
+    batch, beams, vocab = logits.shape
+    per_beam = min(n_candidates, vocab)
+    top_logits, top_tokens = logits.topk(per_beam, dim=-1)  # (B, K, per_beam)
+    totals = top_logits - normaliser.unsqueeze(-1) + scores.unsqueeze(-1)
+    cand_scores, flat_index = totals.view(batch, beams * per_beam).topk(n_candidates, dim=-1)
+    token = top_tokens.view(batch, beams * per_beam).gather(1, flat_index)
+    return cand_scores, flat_index // per_beam, token
 
 
 def survivors(
@@ -211,6 +231,7 @@ def beam_search(
     beam_size: int,
     bos_id: int,
     eos_id: int,
+    unk_id: int | None = None,
     alpha: float = 0.6,
     max_len_a: float = 1.0,
     max_len_b: int = 50,
@@ -237,7 +258,7 @@ def beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in sentence]
     for step in range(int(limits.max())):
         at_limit = step + 1 >= limits  # (B,)
-        log_probs = next_log_probs(
+        logits, normaliser = next_token_logits(
             model,
             tokens[:, -1:],
             encoded,
@@ -247,17 +268,27 @@ def beam_search(
             min_len=min_len,
             bos_id=bos_id,
             eos_id=eos_id,
-        ).view(len(sentence), k, -1)
-        cand_scores, origin, token = beam_step(log_probs, scores, 2 * k)
+            unk_id=unk_id,
+        )
+        cand_scores, origin, token = beam_step(
+            logits.view(len(sentence), k, -1), normaliser.view(len(sentence), k), scores, 2 * k
+        )
         penalty = length_penalty(step + 1, alpha)
         for b, hypothesis in ended_hypotheses(tokens, cand_scores, origin, token, eos_id, penalty):
             if not done[b]:
-                finished[sentence[b]].append(hypothesis)
-                done[b] = len(finished[sentence[b]]) >= k
-        done = [d or limit for d, limit in zip(done, at_limit.tolist(), strict=True)]
+                kept = finished[sentence[b]]
+                kept.append(hypothesis)
+                kept.sort(key=lambda h: h.score, reverse=True)
+                del kept[k:]
+        scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
+        done = [
+            d or at or cannot_improve(finished[sentence[b]], best, step + 2, limit, alpha, k)
+            for b, (d, at, best, limit) in enumerate(
+                zip(done, at_limit.tolist(), scores[:, 0].tolist(), limits.tolist(), strict=True)
+            )
+        ]
         if all(done):
             break
-        scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
         if prune_finished and any(done):
             live = [b for b, d in enumerate(done) if not d]
             keep = beam_rows(live, k, src.device)
@@ -275,6 +306,21 @@ def beam_search(
             cache.reorder(rows)
         tokens = torch.cat([tokens[rows], next_token[:, None]], dim=1)  # (B*K, step + 2)
     return [sorted(hyps, key=lambda h: h.score, reverse=True) for hyps in finished]
+
+
+def cannot_improve(
+    kept: list[Hypothesis], best_live: float, next_length: int, limit: int, alpha: float, k: int
+) -> bool:
+    """True when `kept` holds k finished hypotheses and no live one can beat the worst of them.
+
+    best_live: the best live hypothesis's log-probability, which can only fall; it would finish
+    with at least next_length and at most `limit` tokens (EOS included), so its normalised score
+    is at most best_live divided by the larger of the penalties at those lengths (the penalty is
+    monotonic in the length: increasing for alpha > 0)."""
+    if len(kept) < k:
+        return False
+    largest_penalty = max(length_penalty(next_length, alpha), length_penalty(limit, alpha))
+    return kept[-1].score >= best_live / largest_penalty
 
 
 def expand_encoded(encoded: EncoderOutput, beam_size: int) -> EncoderOutput:

@@ -19,11 +19,12 @@ from transformer_mt.config import (
     validate_decode,
 )
 from transformer_mt.data.batching import pad_sequences
-from transformer_mt.data.clean import normalise
+from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
+    UNK_ID,
     Tokenizer,
     Tokenizers,
     load_tokenizers,
@@ -126,14 +127,20 @@ class Translator:
         )
 
     def translate(self, sentences: list[str]) -> list[str]:
-        """One translation per input sentence, in input order; an empty line gives an empty line."""
-        return self.tokenizers.tgt.decode(self.translate_ids(self.encode(sentences)))
+        """One translation per input sentence, in input order; an empty line gives an empty line.
+        Each translation is one line (a line break the model spelled in byte pieces is a space)."""
+        return [
+            single_line(t)
+            for t in self.tokenizers.tgt.decode(self.translate_ids(self.encode(sentences)))
+        ]
 
     def translate_nbest(self, sentences: list[str]) -> list[list[Translation]]:
         """Up to decode.nbest translations per input sentence, best first, in input order; an
         empty line gives one empty translation with score 0."""
         nbest = self.nbest_ids(self.encode(sentences))
-        texts = iter(self.tokenizers.tgt.decode([h.tokens for hyps in nbest for h in hyps]))
+        texts = map(
+            single_line, self.tokenizers.tgt.decode([h.tokens for hyps in nbest for h in hyps])
+        )
         return [[Translation(next(texts), h.score) for h in hyps] for hyps in nbest]
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
@@ -191,6 +198,7 @@ class Translator:
             "min_len": cfg.min_len,
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
+            "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
         }
         if cfg.strategy == Strategy.greedy:
             return [[h] for h in greedy_search(self.model, src, **common)]
@@ -218,8 +226,8 @@ RANKING_PENALTY = 1e-6
 """The length penalty CTranslate2's beam search is given; ours (GNMT) is applied afterwards. Not
 0, which would change its stopping rule; this small, it ranks finished hypotheses by
 log-probability where it keeps the best beam_size of more (when several finish in its last
-step), closer to ours (the first beam_size to finish) than its length ** alpha, which favours
-long ones."""
+step), closer to fairseq's rule (the first beam_size to finish) than its length ** alpha, which
+favours long ones."""
 
 
 def import_ctranslate2():
@@ -248,12 +256,13 @@ class CTranslate2Translator(Translator):
     Translator.__init__ is not called).
 
     Text is prepared and batched as Translator does (same normalisation, tokenizer, truncation,
-    batches); only `search` differs. Greedy search gives our outputs. Beam search stops by the
-    same rule as ours; CTranslate2's n-best list is re-ranked here with our GNMT penalty (see
-    RANKING_PENALTY). Where they differ: CTranslate2 has one length limit per call (the batch's
-    longest; each output is then cut to its own), keeps its beams as they are at the limit
-    where we force EOS, and renormalises the softmax without the banned PAD and BOS where we
-    do not.
+    batches); only `search` differs. Greedy search gives our outputs. CTranslate2's beam search
+    stops a sentence once beam_size hypotheses have finished (fairseq's rule), where ours goes on
+    while a live hypothesis could still beat a finished one (search.py): its outputs can be
+    shorter. Its n-best list is re-ranked here with our GNMT penalty (see RANKING_PENALTY). Other
+    differences: CTranslate2 has one length limit per call (the batch's longest; each output is
+    then cut to its own), keeps its beams as they are at the limit where we force EOS, and
+    renormalises the softmax without the banned PAD, UNK and BOS where we do not.
     """
 
     def __init__(
@@ -332,7 +341,7 @@ class CTranslate2Translator(Translator):
             max_input_length=0,  # truncated above
             max_decoding_length=int(limits.max()),
             min_decoding_length=cfg.min_len,
-            suppress_sequences=[[CTRANSLATE2_SPECIALS[0]], [CTRANSLATE2_SPECIALS[2]]],
+            suppress_sequences=[[piece] for piece in CTRANSLATE2_SPECIALS[:3]],  # PAD UNK BOS
         )
         return [
             self.hypotheses(result, limit, RANKING_PENALTY if beam else 0.0)

@@ -333,9 +333,7 @@ class Trainer:
         """Loss and (optionally) BLEU on the valid split, logged; rank 0 only."""
         scores = validation_loss(self.model, self.data.valid, self.cfg, self.device)
         if self.cfg.trainer.valid_bleu_sentences:
-            scores["bleu"] = validation_bleu(
-                self.model, self.data.valid, self.data.tokenizers, self.cfg, self.device
-            )
+            scores["bleu"] = validation_bleu(self.model, self.data, self.cfg, self.device)
         for name, value in scores.items():
             self.writer.add_scalar(f"valid/{name}", value, self.progress.step)
         bleu = f", BLEU {scores['bleu']:.2f}" if "bleu" in scores else ""

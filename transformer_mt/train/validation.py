@@ -1,6 +1,6 @@
-"""Validation during training: label-smoothed loss and perplexity on the whole valid split, BLEU
-on its first sentences (translated with greedy or beam search, scored by sacreBLEU against the
-references decoded from the prepared data)."""
+"""Validation during training: label-smoothed loss and perplexity on the whole (binarized) valid
+split; BLEU on its first sentences as read, translated with greedy or beam search and scored by
+sacreBLEU against the raw references, as tmt-eval scores the test split."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import torch
 
 from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import collate, token_batches
+from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.store import ParallelTokens
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import autocast_for
 from transformer_mt.evaluate import sacrebleu_scores
@@ -53,18 +54,14 @@ def validation_loss(
 
 @torch.no_grad()
 def validation_bleu(
-    model: Transformer,
-    data: ParallelTokens,
-    tokenizers: Tokenizers,
-    cfg: TrainJob,
-    device: torch.device,
+    model: Transformer, data: PreparedData, cfg: TrainJob, device: torch.device
 ) -> float:
     """sacreBLEU of the first trainer.valid_bleu_sentences translations of the valid split."""
-    count = min(cfg.trainer.valid_bleu_sentences, len(data))
+    sources, references = data.valid_text(cfg.trainer.valid_bleu_sentences)
     decode = dataclasses.replace(cfg.decode, strategy=cfg.trainer.valid_bleu_strategy)
-    translator = Translator(model, tokenizers, decode, device, unicode_form=None)
-    sources = [data.src[i].tolist() for i in range(count)]
+    translator = Translator(
+        model, data.tokenizers, decode, device, unicode_form=cfg.data.unicode_form
+    )
     with autocast_for(device, cfg.trainer.precision):
-        hypotheses = translator.translate_ids(sources)
-    references = tokenizers.tgt.decode([data.tgt[i].tolist() for i in range(count)])
-    return sacrebleu_scores(tokenizers.tgt.decode(hypotheses), references)["bleu"]
+        hypotheses = translator.translate(sources)
+    return sacrebleu_scores(hypotheses, references)["bleu"]
