@@ -14,8 +14,10 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
   (c) the checkpoint exported to CTranslate2 (transformer_mt.export), computing in float32 and
       in int8.
 
-Timed runs are interleaved over --rounds rounds (a, c fp32, c int8, a, ...) and each system's
-fastest round is reported, with the load average around it (the machine is shared). Every
+Timed runs are interleaved over --rounds rounds (a, c fp32, c int8, a, ...), each in a process
+of its own (in one process, torch's and CTranslate2's thread pools slow each other's next run on a
+small machine), and each system's fastest round is reported, with the load average around it
+(the machine is shared). Every
 output is scored with sacreBLEU. Parity: greedy outputs of ours and of CTranslate2 float32,
 token for token, and their BLEU difference.
 """
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import shlex
+import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +50,8 @@ from transformer_mt.export import export_model
 from transformer_mt.model import Transformer
 
 PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
+OURS = "(a) ours (Translator, KV cache)"
+CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
 
 
@@ -99,15 +105,36 @@ def timed(translate: Callable[[list[str]], list[str]], sources: list[str]):
     return time.perf_counter() - started, outputs, (load, os.getloadavg()[0])
 
 
-def interleaved(systems: dict, sources: list[str], rounds: int) -> dict:
-    """name -> (fastest seconds, outputs, load average before/after that run)."""
+def interleaved(systems: list[str], args, sources: list[str], folder: Path) -> dict:
+    """name -> (fastest seconds, outputs, load average before/after that run); every timed run
+    is a fresh process (`--time-one NAME`) that warms up, then translates all sources once."""
     best: dict = {}
-    for _ in range(rounds):
-        for name, translate in systems.items():
-            seconds, outputs, load = timed(translate, sources)
+    for _ in range(args.rounds):
+        for name in systems:
+            command = [sys.executable, __file__, "--run", args.run, "--checkpoint", args.checkpoint]
+            command += ["--threads", str(args.threads), "--time-one", name, "--export", str(folder)]
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+            seconds, outputs, load = json.loads(done.stdout)
             if name not in best or seconds < best[name][0]:
-                best[name] = (seconds, outputs, load)
+                best[name] = (seconds, outputs, tuple(load))
     return best
+
+
+def time_one(args, sources: list[str]) -> None:
+    """One timed translation of `sources` by system args.time_one, as JSON on stdout."""
+    if args.time_one == OURS:
+        system = Translator.from_run(args.run, args.checkpoint, decode=PAPER, device="cpu")
+    else:
+        system = CTranslate2Translator.from_export(
+            args.export,
+            decode=PAPER,
+            device="cpu",
+            compute_type=CT2_TYPES[args.time_one],
+            threads=args.threads,
+        )
+    system.translate(sources[:32])  # warm-up: first calls allocate
+    seconds, outputs, load = timed(system.translate, sources)
+    print(json.dumps([seconds, outputs, load]))
 
 
 def row(name: str, sentences: int, seconds: float, bleu: float | None, load) -> str:
@@ -147,7 +174,14 @@ def main() -> None:
     parser.add_argument(
         "--reference-sentences", type=int, default=100, help="the reference is timed on these"
     )
+    parser.add_argument("--time-one", help=argparse.SUPPRESS)  # a timed run's own process
+    parser.add_argument("--export", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.time_one:
+        torch.set_num_threads(args.threads)
+        pairs = list(read_pairs(run_data_config(Path(args.run)), "test"))
+        time_one(args, [s for s, _ in pairs])
+        return
     ctranslate2 = import_ctranslate2()
     torch.set_num_threads(args.threads)
     print_header(args, ctranslate2)
@@ -180,15 +214,11 @@ def benchmark(args, folder: Path) -> None:
         f"{PAPER.max_len_a:g} * source + {PAPER.max_len_b}, batches of {PAPER.batch_tokens} "
         "source tokens (ours and CTranslate2 alike)"
     )
-    beam = {
-        "(a) ours (Translator, KV cache)": ours.translate,
-        "(c) CTranslate2 float32": ct2(PAPER, "float32").translate,
-        "(c) CTranslate2 int8": ct2(PAPER, "int8").translate,
-    }
-    for translate in beam.values():  # warm-up: first calls allocate
-        translate(sources[:32])
-    print(f"\nbeam search, all {len(sources)} sentences, fastest of {args.rounds} rounds:")
-    results = interleaved(beam, sources, args.rounds)
+    print(
+        f"\nbeam search, all {len(sources)} sentences, fastest of {args.rounds} rounds, each "
+        "in a process of its own:"
+    )
+    results = interleaved([OURS, *CT2_TYPES], args, sources, folder)
     for name, (seconds, outputs, load) in results.items():
         print(row(name, len(sources), seconds, bleu(outputs, references), load))
 
