@@ -305,7 +305,7 @@ def beam_search(
         else:
             cache.reorder(rows)
         tokens = torch.cat([tokens[rows], next_token[:, None]], dim=1)  # (B*K, step + 2)
-    return [sorted(hyps, key=lambda h: h.score, reverse=True) for hyps in finished]
+    return finished  # each list kept best first
 
 
 def cannot_improve(
