@@ -31,20 +31,30 @@ def token_batches(
 ) -> list[np.ndarray]:
     """This rank's index arrays; a batch's padded size (count x longest side + 1) fits max_tokens.
 
-    Examples are sorted by length (ties broken at random) so that a batch holds similar
-    lengths; the batch order is shuffled from (seed, epoch); every rank gets the same number of
-    batches and every example is in exactly one batch of one rank.
+    Examples are sorted by source length, then target length (ties broken at random), so that
+    a batch holds similar lengths; the batch order is shuffled from (seed, epoch); every rank gets
+    the same number of batches and every example is in exactly one batch of one rank.
+
+    The source length is the first key, as in fairseq: sorted by target length first, every
+    batch's targets had one length, and the model learned slower per update (valid perplexity
+    after 250 updates on Multi30k 28.0 against 23.7, same model, loop and seed:
+    benchmarks/vs_fairseq.txt).
     """
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(src_lengths)) if shuffle else np.arange(len(src_lengths))
     order = order.astype(np.int32)  # 4 bytes an example: 18 MB for WMT14 en-de
-    order = order[np.lexsort((src_lengths[order], tgt_lengths[order]))]
+    order = order[length_order(src_lengths[order], tgt_lengths[order])]
     widths = np.maximum(src_lengths[order], tgt_lengths[order]) + 1  # + BOS / EOS
     batches = pack(order, widths, max_tokens)
     batches = split_to_multiple(batches, world_size)
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches[rank::world_size]
+
+
+def length_order(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
+    """Indices that sort by source length, then target length; stable, so earlier ties stay."""
+    return np.lexsort((tgt_lengths, src_lengths))
 
 
 def pack(order: np.ndarray, widths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
@@ -92,7 +102,7 @@ class BatchPlan:
 
 def target_fill(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int) -> float:
     """Real target tokens (with EOS) per budget token in the batches `max_tokens` gives."""
-    order = np.lexsort((src_lengths, tgt_lengths)).astype(np.int32)
+    order = length_order(src_lengths, tgt_lengths).astype(np.int32)
     widths = np.maximum(src_lengths[order], tgt_lengths[order]) + 1
     n_batches = len(pack(order, widths, max_tokens))
     return float(tgt_lengths.sum() + len(tgt_lengths)) / (n_batches * max_tokens)
