@@ -307,6 +307,26 @@ def test_beam_search_does_not_stop_at_short_endings_a_longer_hypothesis_beats(be
     assert len(hyps) == beam_size
 
 
+@pytest.mark.parametrize("beam_size", [1, 2])
+def test_stop_early_ends_a_sentence_at_its_first_beam_size_finished_hypotheses(beam_size):
+    """fairseq's and CTranslate2's rule, kept as an option: on SCRIPT it stops at the short
+    endings that finish first and misses [A A C C C C] (the test above)."""
+    (hyps,) = beam_search(
+        ScriptedModel(),
+        torch.tensor([[A, EOS]]),
+        beam_size=beam_size,
+        bos_id=BOS,
+        eos_id=EOS,
+        unk_id=UNK,
+        alpha=0.6,
+        max_len_a=0.0,
+        max_len_b=8,
+        stop_early=True,
+    )
+    assert hyps[0].tokens == [A]
+    assert len(hyps) == beam_size
+
+
 def test_the_unknown_piece_is_never_generated(random_model):
     model = random_model(vocab=20, seed=0)
     with torch.no_grad():

@@ -18,8 +18,8 @@ one) and is done only when it holds beam_size of them and no live hypothesis can
 worst: a live hypothesis's log-probability can only fall, so its best normalised score is bounded
 by its score divided by the largest penalty it could still get (at the sentence's length limit
 for alpha >= 0). Or at its length limit. fairseq's and CTranslate2's rule (done at beam_size
-finished hypotheses) lets a confident model collect short endings before its best hypothesis
-finishes. With alpha = 0 a beam of one is exactly greedy.
+finished hypotheses: `stop_early`) is faster but lets a confident model collect short endings
+before its best hypothesis finishes. With alpha = 0 a beam of one is exactly greedy.
 """
 
 from __future__ import annotations
@@ -236,12 +236,14 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
+    stop_early: bool = False,
     prune_finished: bool = True,
 ) -> list[list[Hypothesis]]:
     """Per sentence, up to beam_size finished hypotheses, best first.
 
-    A sentence stops by the module's stopping rule; with prune_finished (the default) its rows
-    then leave the batch. False keeps them to the end, for tests: the outputs are the same.
+    A sentence stops by the module's stopping rule (stop_early: by fairseq's); with
+    prune_finished (the default) its rows then leave the batch. False keeps them to the end, for
+    tests: the outputs are the same.
     """
     k = beam_size
     encoded = model.encode(src)
@@ -282,7 +284,9 @@ def beam_search(
                 del kept[k:]
         scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
         done = [
-            d or at or cannot_improve(finished[sentence[b]], best, step + 2, limit, alpha, k)
+            d
+            or at
+            or sentence_done(finished[sentence[b]], best, step + 2, limit, alpha, k, stop_early)
             for b, (d, at, best, limit) in enumerate(
                 zip(done, at_limit.tolist(), scores[:, 0].tolist(), limits.tolist(), strict=True)
             )
@@ -308,10 +312,17 @@ def beam_search(
     return finished  # each list kept best first
 
 
-def cannot_improve(
-    kept: list[Hypothesis], best_live: float, next_length: int, limit: int, alpha: float, k: int
+def sentence_done(
+    kept: list[Hypothesis],
+    best_live: float,
+    next_length: int,
+    limit: int,
+    alpha: float,
+    k: int,
+    stop_early: bool,
 ) -> bool:
-    """True when `kept` holds k finished hypotheses and no live one can beat the worst of them.
+    """True when `kept` holds k finished hypotheses and, unless stop_early, no live one can beat
+    the worst of them.
 
     best_live: the best live hypothesis's log-probability, which can only fall; it would finish
     with at least next_length and at most `limit` tokens (EOS included), so its normalised score
@@ -319,6 +330,8 @@ def cannot_improve(
     monotonic in the length: increasing for alpha > 0)."""
     if len(kept) < k:
         return False
+    if stop_early:
+        return True
     largest_penalty = max(length_penalty(next_length, alpha), length_penalty(limit, alpha))
     return kept[-1].score >= best_live / largest_penalty
 

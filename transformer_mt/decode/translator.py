@@ -214,7 +214,12 @@ class Translator:
             )
             return [[h] for h in hyps]
         return beam_search(
-            self.model, src, beam_size=cfg.beam_size, alpha=cfg.length_penalty, **common
+            self.model,
+            src,
+            beam_size=cfg.beam_size,
+            alpha=cfg.length_penalty,
+            stop_early=cfg.stop_early,
+            **common,
         )
 
 
