@@ -380,13 +380,16 @@ class Trainer:
             scalars["memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         for name, value in scalars.items():
             self.writer.add_scalar(f"train/{name}", value, self.progress.step)
-        bar.set_postfix(
-            loss=f"{scalars['loss']:.3f}",
-            ppl=f"{scalars['ppl']:.1f}",
-            lr=f"{scalars['lr']:.2e}",
-            tok_s=f"{scalars['tokens_per_s']:.0f}",
-            refresh=False,
-        )
+        shown = {
+            "loss": f"{scalars['loss']:.3f}",
+            "ppl": f"{scalars['ppl']:.1f}",
+            "lr": f"{scalars['lr']:.2e}",
+            "tok_s": f"{scalars['tokens_per_s']:.0f}",
+        }
+        if self.cfg.trainer.max_time_minutes:  # the bar's total counts updates, not the budget
+            left = 60 * self.cfg.trainer.max_time_minutes - self.progress.train_seconds
+            shown["time_left"] = f"{max(left, 0.0) / 60:.1f}min"
+        bar.set_postfix(shown, refresh=False)
         return self.nonfinite_stop(in_a_row)
 
     def nonfinite_stop(self, in_a_row: int) -> str | None:
