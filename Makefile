@@ -26,7 +26,7 @@ endif
 	bench-decode fault-drill lint clean
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
 
 # Set-up messages go to stderr, so that `make translate < in > out` writes translations only.
 $(STAMP): pyproject.toml

@@ -13,8 +13,8 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
       time, and at every step one decoder call per beam over its whole prefix, without a cache
       (the same search rule as ours, so the outputs should be the same); it is slow, so it is
       timed on the first --reference-sentences sentences, with ours timed again on those;
-  (c) the checkpoint exported to CTranslate2 (transformer_mt.export), computing in float32 and
-      in int8.
+  (c) the checkpoint exported to CTranslate2 (transformer_mt.decode.ctranslate2_backend),
+      computing in float32 and in int8.
 
 Timed runs are interleaved over --rounds rounds (a, c fp32, c int8, a, ...), each in a process
 of its own (in one process, torch's and CTranslate2's thread pools slow each other's next run on a
@@ -41,16 +41,20 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
-from transformer_mt.config import DecodeConfig, Strategy, run_data_config
+from transformer_mt.config import DecodeConfig, Strategy
 from transformer_mt.data.sources import read_pairs
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from transformer_mt.decode.search import length_penalty
-from transformer_mt.decode.translator import CTranslate2Translator, Translator, import_ctranslate2
-from transformer_mt.evaluate import sacrebleu_scores
-from transformer_mt.export import export_model
-from transformer_mt.model import Transformer
+from transformer_mt.decode.ctranslate2_backend import (
+    export_model,
+    import_ctranslate2,
+    translator_from_export,
+)
+from transformer_mt.decode.translator import Translator
+from transformer_mt.metrics import sacrebleu_scores
+from transformer_mt.run_dir import RunDir
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decode"))
+from reference_search import reference_beam_search  # noqa: E402  (the tests' reference)
 
 PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
 OURS = "(a) ours (Translator, KV cache)"
@@ -58,49 +62,6 @@ OURS_EARLY = "(a) ours, CTranslate2's stopping"
 EARLY = dataclasses.replace(PAPER, stop_early=True)
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
-
-
-@torch.no_grad()
-def reference_beam_search(model: Transformer, source: list[int], cfg: DecodeConfig) -> list[int]:
-    """The tutorial approach for one sentence: every step runs the decoder over each beam's
-    whole prefix (no KV cache), one beam at a time. The search rule is ours: 2k candidates, an
-    EOS among the best k finishes a hypothesis, the best k finished are kept (GNMT-normalised),
-    stop when k are kept and no live hypothesis can beat the worst of them, or at the length
-    limit (where only EOS may follow); PAD, UNK and BOS banned."""
-    k, alpha = cfg.beam_size, cfg.length_penalty
-    encoded = model.encode(torch.tensor([[*source, EOS_ID]]))
-    limit = min(int(cfg.max_len_a * len(source) + cfg.max_len_b), model.positions.shape[0] - 1)
-    beams: list[tuple[float, list[int]]] = [(0.0, [BOS_ID])]
-    finished: list[tuple[float, list[int]]] = []
-    for step in range(limit):
-        candidates = []
-        for score, tokens in beams:
-            logits = model.decode(torch.tensor([tokens]), encoded)[0, -1]  # whole prefix
-            log_probs = F.log_softmax(logits.float(), dim=-1)
-            log_probs[[PAD_ID, UNK_ID, BOS_ID]] = -torch.inf
-            if step + 1 >= limit:  # only EOS may follow
-                log_probs = torch.where(
-                    torch.arange(log_probs.shape[0]) == EOS_ID, log_probs, -torch.inf
-                )
-            best = log_probs.topk(2 * k)
-            for log_prob, token in zip(best.values.tolist(), best.indices.tolist(), strict=True):
-                if log_prob > -torch.inf:
-                    candidates.append((score + log_prob, [*tokens, token]))
-        candidates.sort(key=lambda candidate: candidate[0], reverse=True)
-        beams = []
-        for rank, (score, tokens) in enumerate(candidates[: 2 * k]):
-            if tokens[-1] == EOS_ID:
-                if rank < k:
-                    finished.append((score / length_penalty(step + 1, alpha), tokens))
-            elif len(beams) < k:
-                beams.append((score, tokens))
-        finished = sorted(finished, key=lambda hypothesis: hypothesis[0], reverse=True)[:k]
-        if step + 1 >= limit or not beams:
-            break
-        best_penalty = max(length_penalty(step + 2, alpha), length_penalty(limit, alpha))
-        if len(finished) == k and finished[-1][0] >= beams[0][0] / best_penalty:
-            break
-    return finished[0][1][1:-1]
 
 
 def timed(translate: Callable[[list[str]], list[str]], sources: list[str]):
@@ -131,7 +92,7 @@ def time_one(args, sources: list[str]) -> None:
         decode = PAPER if args.time_one == OURS else EARLY
         system = Translator.from_run(args.run, args.checkpoint, decode=decode, device="cpu")
     else:
-        system = CTranslate2Translator.from_export(
+        system = translator_from_export(
             args.export,
             decode=PAPER,
             device="cpu",
@@ -152,7 +113,7 @@ def row(name: str, sentences: int, seconds: float, bleu: float | None, load) -> 
 
 
 def bleu(hypotheses: list[str], references: list[str]) -> float:
-    return sacrebleu_scores(hypotheses, references)["bleu"]
+    return sacrebleu_scores(hypotheses, references).bleu
 
 
 def print_header(args, ctranslate2) -> None:
@@ -185,7 +146,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.time_one:
         torch.set_num_threads(args.threads)
-        pairs = list(read_pairs(run_data_config(Path(args.run)), "test"))
+        pairs = list(read_pairs(RunDir(args.run).data_config(), "test"))
         time_one(args, [s for s, _ in pairs])
         return
     ctranslate2 = import_ctranslate2()
@@ -198,22 +159,23 @@ def main() -> None:
 def benchmark(args, folder: Path) -> None:
     """Export the run's checkpoint to `folder`, then time, score and compare every system."""
     run = Path(args.run)
-    data = run_data_config(run)
+    data = RunDir(run).data_config()
     pairs = list(read_pairs(data, "test"))
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     ours = Translator.from_run(run, args.checkpoint, decode=PAPER, device="cpu")
     ours_greedy = Translator.from_run(run, args.checkpoint, decode=GREEDY, device="cpu")
-    export_model(ours.model, ours.tokenizers, folder, unicode_form=data.unicode_form)
+    model = ours.backend.model
+    export_model(model, ours.tokenizers, folder, unicode_form=data.unicode_form)
 
-    def ct2(decode: DecodeConfig, compute_type: str) -> CTranslate2Translator:
-        return CTranslate2Translator.from_export(
+    def ct2(decode: DecodeConfig, compute_type: str) -> Translator:
+        return translator_from_export(
             folder, decode=decode, device="cpu", compute_type=compute_type, threads=args.threads
         )
 
     print(
         f"# data: {data.dir}/{data.test_split}.{data.src_lang} -> .{data.tgt_lang}, "
         f"{len(sources)} sentences; model: {args.run}/checkpoints/{args.checkpoint} "
-        f"({sum(p.numel() for p in ours.model.parameters()):,} parameters)"
+        f"({sum(p.numel() for p in model.parameters()):,} parameters)"
     )
     print(
         f"# decoding: beam {PAPER.beam_size}, length penalty {PAPER.length_penalty}, max length "
@@ -240,7 +202,7 @@ def report_reference(args, ours: Translator, sources, references) -> None:
     def reference(lines: list[str]) -> list[str]:
         sources = ours.truncate(ours.encode(lines))
         return ours.tokenizers.tgt.decode(
-            [reference_beam_search(ours.model, s, PAPER) for s in sources]
+            [reference_beam_search(ours.backend.model, s, PAPER) for s in sources]
         )
 
     print(f"\nbeam search, the first {n} sentences (the reference is slow), one round each:")
@@ -271,7 +233,7 @@ def report_ratios(results: dict) -> None:
     )
 
 
-def report_parity(ours: Translator, theirs: CTranslate2Translator, sources, references, beam):
+def report_parity(ours: Translator, theirs: Translator, sources, references, beam):
     print(f"\nparity, greedy search, all {len(sources)} sentences:")
     ours_s, ours_ids, ours_load = timed(lambda s: ours.translate_ids(ours.encode(s)), sources)
     ct2_s, ct2_ids, ct2_load = timed(lambda s: theirs.translate_ids(theirs.encode(s)), sources)

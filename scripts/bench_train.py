@@ -78,7 +78,7 @@ class OursRunner:
 
     def step(self, batch: Batch) -> float:
         """One update; the mean label-smoothed loss per target token."""
-        return float(self.trainer.train_step([batch])["loss"])
+        return float(self.trainer.train_step([batch]).loss)
 
 
 def marian_config(model: ModelConfig, vocab_size: int, attention: str = "sdpa"):

@@ -47,8 +47,8 @@ from pathlib import Path
 
 import torch
 
+from transformer_mt.checkpoint import STEP_FILE, load_checkpoint
 from transformer_mt.errors import CheckpointError
-from transformer_mt.train.checkpoint import STEP_FILE, load_checkpoint
 
 PREPARE = "from transformer_mt.cli import prepare_main; prepare_main()"
 TRAIN = "from transformer_mt.cli import train_main; train_main()"

@@ -59,8 +59,8 @@ def test_mismatched_parallel_files_are_named(tmp_path):
 
 def train_one_update(tmp_path: Path) -> None:
     """A run folder at tmp_path/run with a one-update tiny model (enough to translate with)."""
+    from transformer_mt.commands.train import train
     from transformer_mt.config import compose_job
-    from transformer_mt.train.run import train
 
     overrides = [
         "data=toy",

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt.commands.evaluate import evaluate
+from transformer_mt.commands.train import train
 from transformer_mt.config import compose_job
-from transformer_mt.evaluate import evaluate
-from transformer_mt.train.run import train
 
 BIN = Path(sys.executable).parent
 QUICK = [
@@ -78,7 +78,7 @@ def test_average_the_newest_checkpoints_then_evaluate_them(tiny_train_job):
     averaged = torch.load(run_dir / "checkpoints" / "averaged.pt", weights_only=True)
     assert averaged["averaged_from"] == ["step_2.pt", "step_4.pt", "step_6.pt"]
     job = compose_job("eval", [f"run_dir={run_dir}", "checkpoint=averaged.pt", "decode=greedy"])
-    assert evaluate(job)["checkpoint"] == "averaged.pt"
+    assert evaluate(job).checkpoint == "averaged.pt"
 
     too_many = subprocess.run(
         [str(BIN / "tmt-average"), f"run_dir={run_dir}", "last=9"], capture_output=True, text=True

@@ -7,14 +7,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt.commands.evaluate import evaluate
+from transformer_mt.commands.train import train
 from transformer_mt.config import compose_job
 from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import CheckpointError, ConfigError
-from transformer_mt.evaluate import evaluate
-from transformer_mt.train.run import train
 
 
 @pytest.mark.slow
@@ -37,9 +37,10 @@ def test_train_checkpoint_translate_bleu(tiny_train_job, tmp_path):
     assert (run_dir / "checkpoints" / "best.pt").is_file()
 
     scores = evaluate(compose_job("eval", [f"run_dir={run_dir}", "decode.beam_size=2"]))
-    assert scores["sentences"] == 40
-    assert 0.0 <= scores["bleu"] <= 100.0 and scores["bleu_signature"].startswith("nrefs:1")
-    assert json.loads((run_dir / "scores.test.json").read_text())["bleu"] == scores["bleu"]
+    assert scores.sentences == 40
+    bleu = scores.sacrebleu
+    assert 0.0 <= bleu.bleu <= 100.0 and bleu.bleu_signature.startswith("nrefs:1")
+    assert json.loads((run_dir / "scores.test.json").read_text())["bleu"] == bleu.bleu
     assert len((run_dir / "hypotheses.test.txt").read_text().splitlines()) == 40
 
     translator = Translator.from_run(run_dir)
@@ -104,7 +105,7 @@ def test_wmt14_preset_through_datasets_end_to_end(tiny_train_job, tmp_path, src_
     sources = {en if src_lang == "en" else de for en, de in pairs[:600]}
     assert first_source in sources
     scores = evaluate(compose_job("eval", [f"run_dir={run_dir}", "decode=greedy"]))
-    assert scores["sentences"] == 50
+    assert scores.sentences == 50
 
 
 @pytest.mark.slow
@@ -115,7 +116,7 @@ def test_separate_vocabularies_train_and_translate(tiny_train_job):
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert state["src_vocab_size"] == 400 and "src_embed.weight" in state["model"]
     translator = Translator.from_run(run_dir)
-    assert translator.model.src_embed is not None
+    assert translator.backend.model.src_embed is not None
     assert len(translator.translate(["the dog sees the cat.", ""])) == 2
 
 

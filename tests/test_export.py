@@ -14,14 +14,20 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from transformer_mt.checkpoint import save_checkpoint
+from transformer_mt.commands.export import export
 from transformer_mt.config import DecodeConfig, ExportJob, ModelConfig, Strategy, compose_job
 from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
-from transformer_mt.decode.translator import CTranslate2Translator, Translator
+from transformer_mt.decode.ctranslate2_backend import (
+    CTranslate2Search,
+    export_model,
+    transformer_spec,
+    translator_from_export,
+)
+from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import CheckpointError, ConfigError, TransformerMTError
-from transformer_mt.export import export, export_model, transformer_spec
 from transformer_mt.model import Transformer
-from transformer_mt.train.checkpoint import save_checkpoint
 
 PAD, EOS = 0, 3
 VOCAB, SRC_VOCAB = 420, 400
@@ -89,9 +95,9 @@ def random_sources(count: int, vocab: int, seed: int, longest: int = 30) -> list
     return [[rng.randrange(4, vocab) for _ in range(rng.randint(1, longest))] for _ in range(count)]
 
 
-def exported(model, tokenizers, folder: Path, decode: DecodeConfig) -> CTranslate2Translator:
+def exported(model, tokenizers, folder: Path, decode: DecodeConfig) -> Translator:
     export_model(model, tokenizers, folder, unicode_form="NFC")
-    return CTranslate2Translator.from_export(folder, decode=decode, device="cpu", threads=1)
+    return translator_from_export(folder, decode=decode, device="cpu", threads=1)
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -105,7 +111,7 @@ def test_greedy_output_equals_ours_token_for_token(
     src_vocab = None if tokenizers.shared else SRC_VOCAB
     model = random_model(1, norm_first=norm_first, src_vocab_size=src_vocab)
     decode = dataclasses.replace(GREEDY, batch_tokens=100)
-    ours = Translator(model, tokenizers, decode, torch.device("cpu"))
+    ours = Translator.for_model(model, tokenizers, decode, torch.device("cpu"))
     theirs = exported(model, tokenizers, tmp_path / "ct2", decode)
     sources = random_sources(40, src_vocab or VOCAB, seed=2)
     assert len(ours.batches(sources)) > 1 and max(map(len, sources)) > ours.max_source_tokens
@@ -126,7 +132,7 @@ def test_beam_output_equals_ours_on_most_sentences(needs_ctranslate2, shared, tm
     sentences before it, at varied lengths, which the assertions below check.)"""
     model = random_model(1, max_positions=64, scale=0.5, eos_scale=2.0)
     decode = DecodeConfig(beam_size=4, nbest=4, max_len_a=1.0, max_len_b=20)
-    ours = Translator(model, shared, decode, torch.device("cpu"))
+    ours = Translator.for_model(model, shared, decode, torch.device("cpu"))
     theirs = exported(model, shared, tmp_path / "ct2", decode)
     sources = random_sources(48, VOCAB, seed=0, longest=12)
     expected, got = ours.nbest_ids(sources), theirs.nbest_ids(sources)
@@ -172,7 +178,7 @@ def test_translate_uses_the_export_named_as_checkpoint(needs_ctranslate2, run_di
         assert (folder / name).is_file(), name
     export(ExportJob(run_dir=str(run_dir)))  # a second export replaces the first
     translator = Translator.from_run(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
-    assert isinstance(translator, CTranslate2Translator)
+    assert isinstance(translator.backend, CTranslate2Search)
     ours = Translator.from_run(run_dir, decode=GREEDY, device="cpu")
     sentences = ["the dog sees the cat.", "a small house by the river."]
     assert translator.translate(sentences) == ours.translate(sentences)
@@ -205,7 +211,7 @@ def test_missing_ctranslate2_says_how_to_install(monkeypatch, tmp_path):
         export(ExportJob(run_dir=str(tmp_path)))
     assert "\n" not in str(error.value)
     with pytest.raises(TransformerMTError, match="ctranslate2 is not installed"):
-        CTranslate2Translator.from_export(tmp_path)
+        translator_from_export(tmp_path)
 
 
 def test_unsupported_model_variant_is_named():
@@ -222,9 +228,9 @@ def test_bad_quantization_and_sampling_are_named(needs_ctranslate2, run_dir, tmp
         export(ExportJob(run_dir=str(run_dir), quantization="int3"))
     folder = export(ExportJob(run_dir=str(run_dir)))
     with pytest.raises(ConfigError, match="decode.strategy"):
-        CTranslate2Translator.from_export(folder, decode=DecodeConfig(strategy=Strategy.sample))
+        translator_from_export(folder, decode=DecodeConfig(strategy=Strategy.sample))
     with pytest.raises(CheckpointError, match="not a folder written by tmt-export"):
-        CTranslate2Translator.from_export(tmp_path)
+        translator_from_export(tmp_path)
 
 
 def test_export_config_composes():

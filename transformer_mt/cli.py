@@ -1,7 +1,8 @@
 """Command-line entry points; the only module with @hydra.main.
 
-Each command composes its config from configs/, turns it into typed dataclasses and calls one
-plain function. User mistakes (TransformerMTError) become one clear line and exit code 2.
+Each command composes its config from configs/, turns it into a typed job and calls the plain
+function of its module in commands/. User mistakes (TransformerMTError) become one clear line
+and exit code 2; nothing else happens here.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from transformer_mt.config import (
@@ -22,6 +23,7 @@ from transformer_mt.config import (
     ExportJob,
     TrainJob,
     TranslateJob,
+    as_job,
     register_configs,
 )
 from transformer_mt.errors import TransformerMTError
@@ -43,27 +45,18 @@ def run_reporting_errors(task: Callable[[], None]) -> None:
             task()
     except TransformerMTError as error:
         log.error("%s", error)
+        log.debug("the error's origin (hydra.verbose=true shows this):", exc_info=error)
         sys.exit(2)
-
-
-def to_job(cfg: DictConfig, schema: type):
-    job = OmegaConf.to_object(cfg)
-    assert isinstance(job, schema), f"config did not compose to {schema.__name__}"
-    return job
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def prepare_main(cfg: DictConfig) -> None:
     """tmt-prepare: clean, tokenize and binarize the corpus only (tmt-train does it when needed)."""
-    from pathlib import Path
-
-    from transformer_mt.config import validate_train
-    from transformer_mt.data.prepare import prepare
+    from transformer_mt.commands.prepare import prepare_run
 
     def task() -> None:
-        job = to_job(cfg, TrainJob)
-        validate_train(job)
-        data = prepare(job.data, Path(job.run_dir))
+        job = as_job(cfg, TrainJob)
+        data = prepare_run(job)
         log.info(
             "prepared data in %s: %d train, %d valid pairs; tokenizer copied to %s",
             data.folder,
@@ -78,11 +71,11 @@ def prepare_main(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def train_main(cfg: DictConfig) -> None:
     """tmt-train: prepare the data, train, checkpoint into run_dir."""
-    from transformer_mt.train.run import train
+    from transformer_mt.commands.train import train
 
     def task() -> None:
         started = time.perf_counter()
-        checkpoint = train(to_job(cfg, TrainJob))
+        checkpoint = train(as_job(cfg, TrainJob))
         log.info(
             "training finished in %.1f min wall time; checkpoint %s",
             (time.perf_counter() - started) / 60,
@@ -95,17 +88,10 @@ def train_main(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="average")
 def average_main(cfg: DictConfig) -> None:
     """tmt-average: average the newest checkpoints of a run into one (the paper's last 5 / 20)."""
-    from pathlib import Path
-
-    from transformer_mt.train.average import average_checkpoints, newest_step_checkpoints
-    from transformer_mt.train.checkpoint import resolve_checkpoint, save_checkpoint
+    from transformer_mt.commands.average import average
 
     def task() -> None:
-        job = to_job(cfg, AverageJob)
-        run_dir = Path(job.run_dir)
-        paths = newest_step_checkpoints(run_dir / "checkpoints", job.last)
-        output = resolve_checkpoint(run_dir, job.output)
-        save_checkpoint(average_checkpoints(paths), output)
+        paths, output = average(as_job(cfg, AverageJob))
         log.info("averaged %s into %s", ", ".join(p.name for p in paths), output)
 
     run_reporting_errors(task)
@@ -114,10 +100,10 @@ def average_main(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def export_main(cfg: DictConfig) -> None:
     """tmt-export: write a checkpoint as a CTranslate2 model folder (needs the `export` extra)."""
-    from transformer_mt.export import export
+    from transformer_mt.commands.export import export
 
     def task() -> None:
-        output = export(to_job(cfg, ExportJob))
+        output = export(as_job(cfg, ExportJob))
         log.info("CTranslate2 model written to %s", output)
 
     run_reporting_errors(task)
@@ -126,24 +112,10 @@ def export_main(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
 def evaluate_main(cfg: DictConfig) -> None:
     """tmt-eval: translate a split with beam search and score it with sacreBLEU."""
-    from transformer_mt.evaluate import evaluate
+    from transformer_mt.commands.evaluate import evaluate
 
     def task() -> None:
-        scores = evaluate(to_job(cfg, EvalJob))
-        print(
-            f"{scores['split']}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  "
-            f"({scores['sentences']} sentences, decoded in {scores['decode_seconds']:.1f} s)"
-        )
-        print(f"  {scores['bleu_detail']}")
-        print(f"  sacreBLEU signature: {scores['bleu_signature']}")
-        print(f"  chrF signature: {scores['chrf_signature']}")
-        print(
-            f"tokenized BLEU {scores['bleu_tokenized']:.2f} (approximates the paper's metric: "
-            "intl tokenizer, not Moses; not sacreBLEU)"
-        )
-        print(f"  {scores['bleu_tokenized_detail']}")
-        print(f"  signature: {scores['bleu_tokenized_signature']}")
-        print(f"  {scores['bleu_tokenized_note']}")
+        print(evaluate(as_job(cfg, EvalJob)).format())
 
     run_reporting_errors(task)
 
@@ -152,56 +124,6 @@ def evaluate_main(cfg: DictConfig) -> None:
 def translate_main(cfg: DictConfig) -> None:
     """tmt-translate: lines of stdin or a file; translations (or n-best lists) to stdout or a
     file, flushed after each batch of lines."""
-    from contextlib import ExitStack
+    from transformer_mt.commands.translate import translate
 
-    from transformer_mt.decode.translator import Translator
-
-    def task() -> None:
-        job = to_job(cfg, TranslateJob)
-        translator = Translator.from_run(
-            job.run_dir, job.checkpoint, decode=job.decode, device=job.device
-        )
-        with ExitStack() as files:
-            if job.input is None:
-                source, name = sys.stdin.buffer, "<stdin>"
-            else:
-                source, name = files.enter_context(open_input(job.input)), job.input
-            if job.output is None:
-                sys.stdout.reconfigure(encoding="utf-8")
-                target = sys.stdout
-            else:
-                target = files.enter_context(open(job.output, "w", encoding="utf-8"))
-            number = 0
-            for lines in line_batches(source, name, 64):
-                if job.decode.nbest > 1:
-                    for nbest in translator.translate_nbest(lines):
-                        for entry in nbest:
-                            target.write(f"{number} ||| {entry.text} ||| {entry.score:.4f}\n")
-                        number += 1
-                else:
-                    target.writelines(t + "\n" for t in translator.translate(lines))
-                target.flush()
-
-    run_reporting_errors(task)
-
-
-def open_input(path: str):
-    try:
-        return open(path, "rb")
-    except OSError as error:
-        raise TransformerMTError(f"input={path}: {error.strerror}") from None
-
-
-def line_batches(stream, name: str, size: int) -> Iterator[list[str]]:
-    """Lines of a binary stream (UTF-8, split on newlines only) in batches of up to `size`."""
-    batch: list[str] = []
-    for number, raw in enumerate(stream, start=1):
-        try:
-            batch.append(raw.decode("utf-8").rstrip("\r\n"))
-        except UnicodeDecodeError:
-            raise TransformerMTError(f"{name}:{number}: not valid UTF-8") from None
-        if len(batch) == size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
+    run_reporting_errors(lambda: translate(as_job(cfg, TranslateJob)))

@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
+from typing import TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.errors import ConfigError
 
@@ -28,6 +29,30 @@ class Strategy(str, Enum):
     beam = "beam"
     greedy = "greedy"
     sample = "sample"
+
+
+class UnicodeForm(str, Enum):
+    NFC = "NFC"
+    NFKC = "NFKC"
+    NFD = "NFD"
+    NFKD = "NFKD"
+
+
+class InvalidUtf8(str, Enum):
+    error = "error"
+    replace = "replace"
+
+
+class Precision(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
+
+
+class ResumeMode(str, Enum):
+    auto = "auto"
+    never = "never"
 
 
 @dataclass(kw_only=True)
@@ -78,13 +103,13 @@ class DataConfig:
     max_length_ratio: float = 3.0
     """Training pairs whose longer side has more than this many times the pieces of the shorter
     side are dropped (0 disables)."""
-    unicode_form: str | None = "NFC"
+    unicode_form: UnicodeForm | None = UnicodeForm.NFC
     """The one Unicode normalisation of the text (NFC, NFKC, NFD, NFKD, or null: none), applied to
     every sentence before tokenization, in preparation and in translation; SentencePiece adds
     none of its own."""
     dedupe: bool = False
     """Drop exact duplicate training pairs."""
-    invalid_utf8: str = "error"
+    invalid_utf8: InvalidUtf8 = InvalidUtf8.error
     """Local files: 'error' stops at the first undecodable line (naming file and line);
     'replace' substitutes U+FFFD and counts the lines."""
     prepared_dir: str = "prepared"
@@ -159,7 +184,7 @@ class TrainerConfig:
     """Seed of parameter init, dropout and batch order."""
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda, cuda:N (torchrun: each rank's own GPU)."""
-    precision: str = "auto"
+    precision: Precision = Precision.auto
     """auto (bf16 autocast on GPU, fp32 on CPU), fp32, bf16, or fp16 (with a gradient scaler)."""
     compile: bool = False
     """Run the model through torch.compile."""
@@ -183,9 +208,12 @@ class TrainerConfig:
     averages checkpoints written every 10 minutes); 0: off."""
     keep_checkpoints: int = 5
     """How many step checkpoints to keep besides last.pt and best.pt."""
-    resume: str = "auto"
-    """auto: continue from run_dir's newest readable checkpoint when there is one; never: refuse
-    to start over existing checkpoints; or the path of a checkpoint to continue from."""
+    resume: ResumeMode = ResumeMode.auto
+    """auto: continue from run_dir's newest readable checkpoint when there is one (or from
+    resume_from); never: refuse to start over existing checkpoints."""
+    resume_from: str | None = None
+    """A checkpoint (path) to continue from instead of run_dir's newest: its model, optimizer,
+    schedule and data position."""
     max_nonfinite_updates: int = 10
     """Updates with a non-finite gradient are skipped; stop after this many in a row."""
     progress_bar: bool = True
@@ -331,24 +359,38 @@ def register_configs() -> None:
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 
 
-def compose_job(config_name: str, overrides: list[str] | None = None):
-    """The typed job (TrainJob, EvalJob, ...) that the command `config_name` composes for these
-    command-line style overrides; for tests, scripts and notebooks (the CLI uses @hydra.main)."""
+Job = TrainJob | EvalJob | TranslateJob | AverageJob | ExportJob
+COMMAND_SCHEMAS = {
+    "train": TrainJob,
+    "eval": EvalJob,
+    "translate": TranslateJob,
+    "average": AverageJob,
+    "export": ExportJob,
+}
+"""The schema each command's own configuration composes to (other files in configs/, such as
+demo and multi30k, are training configurations)."""
+
+JobT = TypeVar("JobT", TrainJob, EvalJob, TranslateJob, AverageJob, ExportJob)
+
+
+def as_job(cfg: DictConfig, schema: type[JobT]) -> JobT:
+    """The typed job of a composed configuration, or ConfigError when it is another schema's."""
+    job = OmegaConf.to_object(cfg)
+    if not isinstance(job, schema):  # a --config-name whose defaults name another schema
+        raise ConfigError(
+            f"the configuration composed to {type(job).__name__}, not the {schema.__name__} "
+            "this command takes: check --config-name and the file's defaults list"
+        )
+    return job
+
+
+def compose_job(config_name: str, overrides: list[str] | None = None) -> Job:
+    """The typed job that the configuration `config_name` composes to with these command-line
+    style overrides; for tests, scripts and notebooks (the CLI uses @hydra.main)."""
     register_configs()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         cfg = compose(config_name=config_name, overrides=list(overrides or []))
-    return OmegaConf.to_object(cfg)
-
-
-def run_data_config(run_dir: Path) -> DataConfig:
-    """The data configuration a run folder was trained with (its config.yaml)."""
-    config_path = Path(run_dir) / "config.yaml"
-    if not config_path.is_file():
-        raise ConfigError(
-            f"{config_path} not found: is '{run_dir}' a run folder written by tmt-train?"
-        )
-    saved = OmegaConf.load(config_path)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data))
+    return as_job(cfg, COMMAND_SCHEMAS.get(config_name, TrainJob))
 
 
 def _require(condition: bool, key: str, message: str) -> None:
@@ -405,16 +447,6 @@ def validate_data(data: DataConfig) -> None:
         0.0 < data.character_coverage <= 1.0,
         "data.character_coverage",
         f"must be in (0, 1], got {data.character_coverage}",
-    )
-    _require(
-        data.unicode_form in (None, "NFC", "NFKC", "NFD", "NFKD"),
-        "data.unicode_form",
-        f"must be NFC, NFKC, NFD, NFKD or null, got {data.unicode_form}",
-    )
-    _require(
-        data.invalid_utf8 in ("error", "replace"),
-        "data.invalid_utf8",
-        f"must be error or replace, got {data.invalid_utf8}",
     )
     _require(
         data.max_length_ratio >= 0,
@@ -492,14 +524,9 @@ def validate_trainer(trainer: TrainerConfig) -> None:
         "no stopping rule: set max_steps, max_epochs or max_time_minutes",
     )
     _require(
-        trainer.precision in ("auto", "fp32", "bf16", "fp16"),
-        "trainer.precision",
-        f"must be auto, fp32, bf16 or fp16, got {trainer.precision}",
-    )
-    _require(
-        trainer.resume in ("auto", "never") or trainer.resume.endswith(".pt"),
-        "trainer.resume",
-        f"must be auto, never or the path of a .pt checkpoint, got {trainer.resume}",
+        trainer.resume_from is None or trainer.resume == ResumeMode.auto,
+        "trainer.resume_from",
+        f"continues a run: it needs trainer.resume=auto, got {trainer.resume.value}",
     )
 
 

@@ -8,6 +8,8 @@ from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
+from transformer_mt.config import Precision
+
 
 def resolve_device(name: str) -> torch.device:
     """'auto' means CUDA when available, else the CPU."""
@@ -16,16 +18,16 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def autocast_dtype(device: torch.device, precision: str) -> torch.dtype | None:
+def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
     """bf16 on GPU by default, fp16 when asked for; None (fp32) on CPU unless bf16 is asked for."""
-    if precision == "fp16":
+    if precision == Precision.fp16:
         return torch.float16
-    if precision == "bf16" or (precision == "auto" and device.type == "cuda"):
+    if precision == Precision.bf16 or (precision == Precision.auto and device.type == "cuda"):
         return torch.bfloat16
     return None
 
 
-def autocast_for(device: torch.device, precision: str) -> AbstractContextManager:
+def autocast_for(device: torch.device, precision: Precision) -> AbstractContextManager:
     dtype = autocast_dtype(device, precision)
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
 

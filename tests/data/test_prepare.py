@@ -11,6 +11,7 @@ from transformer_mt.data import prepare as prepare_module
 from transformer_mt.data.prepare import prepare
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.errors import DataError
+from transformer_mt.run_dir import RunDir
 
 
 def write_corpus(folder, pairs, split="train"):
@@ -41,9 +42,9 @@ def config(tmp_path, corpus, **overrides) -> DataConfig:
 
 
 def test_reused_when_nothing_changed(tmp_path, corpus):
-    first = prepare(config(tmp_path, corpus), tmp_path / "run1")
+    first = RunDir(tmp_path / "run1").prepare(config(tmp_path, corpus))
     stamp = (first.folder / "stats.json").stat().st_mtime_ns
-    second = prepare(config(tmp_path, corpus, num_workers=3), tmp_path / "run2")
+    second = RunDir(tmp_path / "run2").prepare(config(tmp_path, corpus, num_workers=3))
     assert second.folder == first.folder
     assert (second.folder / "stats.json").stat().st_mtime_ns == stamp
     assert (tmp_path / "run2" / "spm.model").read_bytes() == (
@@ -55,7 +56,7 @@ def test_reused_when_nothing_changed(tmp_path, corpus):
     "change", ["vocab_size", "max_length_ratio", "dedupe", "unicode_form", "file"]
 )
 def test_rebuilt_when_an_input_or_setting_changed(tmp_path, corpus, change):
-    first = prepare(config(tmp_path, corpus), tmp_path / "run").folder
+    first = RunDir(tmp_path / "run").prepare(config(tmp_path, corpus)).folder
     overrides = {
         "vocab_size": {"vocab_size": 390},
         "max_length_ratio": {"max_length_ratio": 2.0},
@@ -67,12 +68,12 @@ def test_rebuilt_when_an_input_or_setting_changed(tmp_path, corpus, change):
             handle.write("One more line.\n")
         with open(corpus / "train.de", "a", encoding="utf-8") as handle:
             handle.write("Eine Zeile mehr.\n")
-    second = prepare(config(tmp_path, corpus, **overrides), tmp_path / "run2").folder
+    second = RunDir(tmp_path / "run2").prepare(config(tmp_path, corpus, **overrides)).folder
     assert second != first and (second / "stats.json").is_file()
     with pytest.raises(
         DataError, match="use a new run_dir"
     ):  # a run keeps the data it started with
-        prepare(config(tmp_path, corpus, **overrides), tmp_path / "run")
+        RunDir(tmp_path / "run").prepare(config(tmp_path, corpus, **overrides))
 
 
 def test_interrupted_build_leaves_no_usable_cache(tmp_path, corpus, monkeypatch):
@@ -83,7 +84,7 @@ def test_interrupted_build_leaves_no_usable_cache(tmp_path, corpus, monkeypatch)
 
     monkeypatch.setattr(prepare_module, "binarize", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        prepare(cfg, tmp_path / "run")
+        RunDir(tmp_path / "run").prepare(cfg)
     assert list((tmp_path / "prepared").iterdir()) == []
     monkeypatch.undo()
     # A build killed outright (SIGKILL: no cleanup ran) leaves only a temporary folder behind,
@@ -91,7 +92,7 @@ def test_interrupted_build_leaves_no_usable_cache(tmp_path, corpus, monkeypatch)
     stale = tmp_path / "prepared" / f".c-{prepare_module.fingerprint(cfg)}.tmp-999999"
     stale.mkdir()
     (stale / "train.src.bin").write_bytes(b"half")
-    data = prepare(cfg, tmp_path / "run")
+    data = RunDir(tmp_path / "run").prepare(cfg)
     assert data.folder.name == f"c-{prepare_module.fingerprint(cfg)}" and len(data.train) == 360
     assert not stale.exists()  # its process is gone, so its folder was removed
 
@@ -107,7 +108,9 @@ def test_stats_count_every_dropped_pair(tmp_path):
     folder = tmp_path / "corpus"
     write_corpus(folder, pairs * 30 + toy_pairs(100, seed=4))
     write_corpus(folder, pairs[:1], "valid")
-    data = prepare(config(tmp_path, folder, dedupe=True, max_length_ratio=5.0), tmp_path / "run")
+    data = RunDir(tmp_path / "run").prepare(
+        config(tmp_path, folder, dedupe=True, max_length_ratio=5.0)
+    )
     stats = json.loads((data.folder / "stats.json").read_text())["splits"]["train"]
     # 150 lines: 30 empty; of the 120 others only 3 are distinct; "x x x ..." is 60 pieces to 2
     assert stats["dropped"] == {"empty": 30, "duplicate": 117, "length_ratio": 1}
@@ -115,7 +118,7 @@ def test_stats_count_every_dropped_pair(tmp_path):
 
 
 def test_uint16_store_for_small_vocabularies(tmp_path, corpus):
-    data = prepare(config(tmp_path, corpus), tmp_path / "run")
+    data = RunDir(tmp_path / "run").prepare(config(tmp_path, corpus))
     assert data.train.src.tokens.dtype == np.uint16
 
 
@@ -126,7 +129,7 @@ def test_corpus_empty_after_cleaning_says_which_filters(tmp_path):
     with pytest.raises(
         DataError, match="train split .* empty after cleaning: .*pairs dropped as length_ratio"
     ):
-        prepare(config(tmp_path, folder), tmp_path / "run")
+        RunDir(tmp_path / "run").prepare(config(tmp_path, folder))
 
 
 def test_invalid_utf8_can_be_replaced_and_counted(tmp_path):
@@ -137,8 +140,8 @@ def test_invalid_utf8_can_be_replaced_and_counted(tmp_path):
     raw[3] = raw[3] + b" \xff"
     (folder / "train.en").write_bytes(b"\n".join(raw))
     with pytest.raises(DataError, match=r"train\.en:4: not valid UTF-8"):
-        prepare(config(tmp_path, folder), tmp_path / "run")
-    data = prepare(config(tmp_path, folder, invalid_utf8="replace"), tmp_path / "run2")
+        RunDir(tmp_path / "run").prepare(config(tmp_path, folder))
+    data = RunDir(tmp_path / "run2").prepare(config(tmp_path, folder, invalid_utf8="replace"))
     stats = json.loads((data.folder / "stats.json").read_text())["splits"]["train"]
     assert stats["dropped"]["invalid_utf8_replaced"] == 1
     assert len(data.train) == 200
@@ -146,12 +149,8 @@ def test_invalid_utf8_can_be_replaced_and_counted(tmp_path):
 
 def test_worker_processes_give_the_same_store_as_one_process(tmp_path, corpus, monkeypatch):
     monkeypatch.setattr(prepare_module, "CHUNK_LINES", 50)  # several chunks, and not "small"
-    one = prepare(
-        config(tmp_path, corpus, prepared_dir=str(tmp_path / "p1"), num_workers=1), tmp_path / "r1"
-    )
-    two = prepare(
-        config(tmp_path, corpus, prepared_dir=str(tmp_path / "p2"), num_workers=2), tmp_path / "r2"
-    )
+    one = prepare(config(tmp_path, corpus, prepared_dir=str(tmp_path / "p1"), num_workers=1))
+    two = prepare(config(tmp_path, corpus, prepared_dir=str(tmp_path / "p2"), num_workers=2))
     for side in ("src", "tgt"):
         for field in ("tokens", "offsets"):
             assert np.array_equal(
@@ -161,11 +160,11 @@ def test_worker_processes_give_the_same_store_as_one_process(tmp_path, corpus, m
 
 
 def test_truncated_store_is_refused_with_its_name(tmp_path, corpus):
-    folder = prepare(config(tmp_path, corpus), tmp_path / "run").folder
+    folder = RunDir(tmp_path / "run").prepare(config(tmp_path, corpus)).folder
     data = (folder / "train.src.bin").read_bytes()
     (folder / "train.src.bin").write_bytes(data[:-10])
     with pytest.raises(DataError, match="train.src.bin: .* do not match its index"):
-        prepare(config(tmp_path, corpus), tmp_path / "run")
+        RunDir(tmp_path / "run").prepare(config(tmp_path, corpus))
 
 
 def test_valid_text_is_the_split_as_read(tmp_path, corpus):
@@ -177,7 +176,7 @@ def test_valid_text_is_the_split_as_read(tmp_path, corpus):
         handle.write(f"{decomposed}\n{long_source}\n")
     with open(corpus / "valid.de", "a", encoding="utf-8") as handle:
         handle.write(f"{decomposed}\nDer Hund.\n")
-    data = prepare(config(tmp_path, corpus), tmp_path / "run")
+    data = RunDir(tmp_path / "run").prepare(config(tmp_path, corpus))
     sources, references = data.valid_text(10_000)
     assert sources == (corpus / "valid.en").read_text(encoding="utf-8").splitlines()
     assert references == (corpus / "valid.de").read_text(encoding="utf-8").splitlines()

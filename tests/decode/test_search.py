@@ -7,7 +7,9 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from reference_search import reference_beam_search
 
+from transformer_mt.config import DecodeConfig
 from transformer_mt.decode.search import beam_search, greedy_search, length_penalty
 from transformer_mt.model import EncoderOutput, Transformer
 
@@ -89,12 +91,6 @@ def test_output_respects_length_limit(random_model):
         assert max(len(h.tokens) + 1 for h in hyps) <= limit  # + 1: EOS counts
 
 
-def test_length_penalty_is_gnmt_formula():
-    assert length_penalty(1, 0.6) == pytest.approx(1.0)
-    assert length_penalty(10, 0.6) == pytest.approx((15 / 6) ** 0.6)
-    assert length_penalty(7, 0.0) == 1.0
-
-
 def varied_lengths_batch(vocab: int, seed: int) -> torch.Tensor:
     """Six sources of 1 to 8 tokens plus EOS, right-padded: (6, 9)."""
     src = torch.randint(4, vocab, (6, 9), generator=torch.Generator().manual_seed(seed))
@@ -102,6 +98,35 @@ def varied_lengths_batch(vocab: int, seed: int) -> torch.Tensor:
         src[row, length - 1] = EOS
         src[row, length:] = PAD
     return src
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_batched_cached_beam_search_equals_the_no_cache_reference(random_model, seed):
+    """Ours (a batch of six sentences, KV cache, finished sentences pruned) gives, for each
+    sentence, the output of the tutorial search that reruns the decoder over every beam's whole
+    prefix, one sentence at a time (tests/decode/reference_search.py)."""
+    model = random_model(vocab=20, seed=seed, sharpen=2.0, eos_bonus=3.0)
+    src = varied_lengths_batch(20, seed)
+    decode = DecodeConfig(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=4)
+    nbest = beam_search(
+        model,
+        src,
+        beam_size=decode.beam_size,
+        alpha=decode.length_penalty,
+        max_len_a=decode.max_len_a,
+        max_len_b=decode.max_len_b,
+        bos_id=BOS,
+        eos_id=EOS,
+        unk_id=UNK,
+    )
+    lengths = (src != PAD).sum(dim=1) - 1  # EOS not counted
+    outputs = [hyps[0].tokens for hyps in nbest]
+    references = [
+        reference_beam_search(model, row[:length].tolist(), decode)
+        for row, length in zip(src, lengths.tolist(), strict=True)
+    ]
+    assert outputs == references
+    assert len({len(tokens) for tokens in outputs}) > 1  # sentences ended at different steps
 
 
 def count_decoder_rows(model: Transformer) -> list[int]:

@@ -29,7 +29,7 @@ def make_translator(random_model, tokenizers):
     def make(seed: int = 0, sharpen: float = 1.0, **decode) -> Translator:
         model = random_model(VOCAB, seed, max_positions=POSITIONS, sharpen=sharpen, eos_bonus=4.0)
         config = DecodeConfig(max_len_a=1.0, max_len_b=3, **decode)
-        return Translator(model, tokenizers, config, torch.device("cpu"))
+        return Translator.for_model(model, tokenizers, config, torch.device("cpu"))
 
     return make
 
@@ -109,7 +109,8 @@ def test_invalid_temperature_is_named_before_any_work(make_translator):
 def test_unseen_characters_translate_without_unknown_pieces(make_translator, decode):
     translator = make_translator(**decode)
     with torch.no_grad():  # the unknown piece's logit stands out: a search that allows it picks it
-        translator.model.embed.weight[UNK_ID] = translator.model.embed.weight[4:].sum(dim=0)
+        embed = translator.backend.model.embed
+        embed.weight[UNK_ID] = embed.weight[4:].sum(dim=0)
     sentences = ["the dog 😀 sees 猫.", "Łódź and Dvořák."]
     assert all(UNK_ID not in ids for ids in translator.encode(sentences))
     outputs = translator.translate(sentences)

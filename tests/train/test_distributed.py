@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt.commands.train import train
 from transformer_mt.config import compose_job
 from transformer_mt.data.batching import target_fill, token_batches
 from transformer_mt.data.prepare import prepare
-from transformer_mt.train import run as run_module
-from transformer_mt.train.run import train
+from transformer_mt.run_dir import RunDir
 from transformer_mt.train.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -60,7 +60,7 @@ def same_batches(tmp_path, tiny_overrides):
         "trainer.log_every=1",
     ]
     job = compose_job("train", [*base, f"run_dir={tmp_path / 'probe'}"])
-    data = prepare(job.data, tmp_path / "probe")
+    data = prepare(job.data)
     lengths = data.train.src.lengths, data.train.tgt.lengths
     for budget in range(300, 1500, 7):
         if len(token_batches(*lengths, budget, seed=1, epoch=0)) % 2 == 0:
@@ -149,7 +149,7 @@ def rank_process(
     if clock_speed != 1:
         real_clock, start = time.perf_counter, time.perf_counter()
         time.perf_counter = lambda: start + clock_speed * (real_clock() - start)
-    fit, train_step, prepare = Trainer.fit, Trainer.train_step, run_module.prepare
+    fit, train_step, prepare = Trainer.fit, Trainer.train_step, RunDir.prepare
 
     def fit_and_record(trainer):
         reason = fit(trainer)
@@ -168,7 +168,7 @@ def rank_process(
         time.sleep(prepare_delay)
         return prepare(*args, **kwargs)
 
-    Trainer.fit, Trainer.train_step, run_module.prepare = (
+    Trainer.fit, Trainer.train_step, RunDir.prepare = (
         fit_and_record,
         step_then_signal,
         slow_prepare,

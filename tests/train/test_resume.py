@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 
 import pytest
 import torch
 
+from transformer_mt import checkpoint as checkpoint_module
+from transformer_mt.commands.train import train
 from transformer_mt.errors import CheckpointError, ConfigError
-from transformer_mt.train import checkpoint as checkpoint_module
 from transformer_mt.train import trainer as trainer_module
-from transformer_mt.train.run import train
 from transformer_mt.train.schedule import inverse_sqrt_lr
 
 QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.log_every=1"]
@@ -107,9 +108,9 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tiny_train_job, monkeypa
     last = train(tiny_train_job("trainer.max_steps=2", *QUICK))
     real_save = torch.save
 
-    def disk_fills_up(obj, handle, *args, **kwargs):
-        real_save(obj, handle, *args, **kwargs)
-        handle.truncate(1000)
+    def disk_fills_up(obj, path, *args, **kwargs):
+        real_save(obj, path, *args, **kwargs)
+        os.truncate(path, 1000)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint_module.torch, "save", disk_fills_up)

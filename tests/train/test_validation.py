@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
+from transformer_mt.commands.train import valid_bleu
 from transformer_mt.decode.translator import Translator
-from transformer_mt.train import validation
 
 
 def test_validation_bleu_translates_raw_sources_and_scores_raw_references(
@@ -18,8 +18,10 @@ def test_validation_bleu_translates_raw_sources_and_scores_raw_references(
         valid_text=lambda count: asked.append(count) or (raw[:count], raw[:count]),
         tokenizers=None,
     )
-    monkeypatch.setattr(Translator, "__init__", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(
+        Translator, "for_model", lambda *args, **kwargs: Translator.__new__(Translator)
+    )
     monkeypatch.setattr(Translator, "translate", lambda self, sentences: list(sentences))
-    bleu = validation.validation_bleu(None, data, job, torch.device("cpu"))
+    bleu = valid_bleu(job, data, torch.device("cpu"))(None)
     assert asked == [2]
     assert bleu == 100.0  # an echo of the raw sources matches the raw references exactly

@@ -35,7 +35,6 @@ from transformer_mt.data.tokenizer import (
 )
 from transformer_mt.device import usable_cpus
 from transformer_mt.errors import DataError
-from transformer_mt.files import copy_atomically, write_text_atomically
 
 log = logging.getLogger(__name__)
 
@@ -97,61 +96,27 @@ def wait_until_prepared(cfg: DataConfig, *, poll_seconds: float = 2.0) -> None:
             next_report += 600.0
 
 
-def prepare(cfg: DataConfig, run_dir: Path, *, main_process: bool = True) -> PreparedData:
-    """The prepared corpus (built if needed); the run folder gets copies of its tokenizers.
-
-    main_process=False (the other ranks of a distributed run, after rank 0 prepared): open the
-    prepared corpus only, writing nothing.
-    """
+def prepare(cfg: DataConfig) -> PreparedData:
+    """The prepared corpus, built first if it is not there yet."""
     folder = prepared_folder(cfg)
-    if not main_process:
-        if not (folder / STATS_FILE).is_file():
-            raise DataError(f"{folder}: prepared data not found (rank 0 should have built it)")
-        return PreparedData(
-            load_tokenizers(folder),
-            ParallelTokens.load(folder, "train"),
-            ParallelTokens.load(folder, "valid"),
-            folder,
-        )
-    refuse_other_data(run_dir, folder)
     if (folder / STATS_FILE).is_file():
         log.info("reusing prepared data %s", folder)
     else:
         build(cfg, folder)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    files = load_tokenizers(folder).files
-    for name in {SHARED_FILE, SRC_FILE, TGT_FILE} - {path.name for path in files}:
-        (run_dir / name).unlink(missing_ok=True)  # a stale model would shadow the new one
-    for path in files:
-        copy_atomically(path, run_dir / path.name)
-    write_text_atomically(
-        run_dir / "prepared.json", json.dumps({"folder": str(folder.resolve())}, indent=2) + "\n"
-    )
+    return open_prepared(folder)
+
+
+def open_prepared(folder: Path) -> PreparedData:
+    """A prepared corpus that exists (the other ranks of a distributed run open what rank 0
+    built)."""
+    if not (folder / STATS_FILE).is_file():
+        raise DataError(f"{folder}: prepared data not found")
     return PreparedData(
-        load_tokenizers(run_dir),
+        load_tokenizers(folder),
         ParallelTokens.load(folder, "train"),
         ParallelTokens.load(folder, "valid"),
         folder,
     )
-
-
-def refuse_other_data(run_dir: Path, folder: Path) -> None:
-    """A run folder keeps the data (and tokenizer) it was started with."""
-    record = run_dir / "prepared.json"
-    if record.is_file():
-        try:
-            previous = Path(json.loads(record.read_text())["folder"]).name
-        except (ValueError, KeyError, TypeError):
-            raise DataError(
-                f"{record} is not readable: delete it, and rerun to record the prepared data"
-            ) from None
-        if previous != folder.name:
-            raise DataError(
-                f"{run_dir} was prepared as {previous}, but this configuration prepares "
-                f"{folder.name} "
-                "(the corpus, or a data or tokenizer setting, changed): use a new run_dir, or "
-                "restore the original settings"
-            )
 
 
 def remove_abandoned_builds(folder: Path) -> None:

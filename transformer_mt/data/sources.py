@@ -12,7 +12,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
-from transformer_mt.config import DataConfig, SourceKind
+from transformer_mt.config import DataConfig, InvalidUtf8, SourceKind
 from transformer_mt.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -35,7 +35,7 @@ def read_pairs(
     """
     name = split_name(cfg, split)
     if cfg.source == SourceKind.files:
-        replace = cfg.invalid_utf8 == "replace"
+        replace = cfg.invalid_utf8 == InvalidUtf8.replace
         return read_parallel_files(*parallel_file_paths(cfg, name), replace=replace, counts=counts)
     if cfg.source == SourceKind.hf:
         return read_hf_dataset(cfg.hf_path, cfg.hf_config, name, cfg.src_lang, cfg.tgt_lang)
@@ -140,7 +140,7 @@ def load_hf_split(path: str, config: str | None, split: str):
             f"cannot load dataset '{path}' ({config}, split {split}) from the Hugging Face hub or "
             f"the local cache: {error}. Without network access, use local files instead: "
             "data=files data.dir=<folder with {split}.{lang} files>"
-        ) from None
+        ) from error
 
 
 def toy_split(cfg: DataConfig, split: str) -> list[tuple[str, str]]:

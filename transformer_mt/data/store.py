@@ -62,7 +62,7 @@ class TokenArray:
         except (OSError, ValueError, KeyError) as error:
             raise DataError(
                 f"{prefix}.*: unreadable token store ({error}); delete its folder to rebuild"
-            ) from None
+            ) from error
         if size != total * dtype.itemsize or len(offsets) != meta["sentences"] + 1:
             raise DataError(
                 f"{prefix}.bin: {size} bytes do not match its index; delete its folder to rebuild"

@@ -15,6 +15,7 @@ from transformer_mt.errors import ConfigError, DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "spm.src.model", "spm.tgt.model"
+TOKENIZER_FILES = (SHARED_FILE, SRC_FILE, TGT_FILE)
 
 
 class Tokenizer:
@@ -124,6 +125,6 @@ def train_tokenizer(
         if "Vocabulary size" in str(error) or "vocab_size" in str(error):
             raise ConfigError(
                 f"config key 'data.vocab_size': {vocab_size} is too large for this corpus ({error})"
-            ) from None
+            ) from error
         raise
     return Tokenizer(model_path)

@@ -4,6 +4,7 @@ counted on the device so that no update waits for the host."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -29,23 +30,63 @@ class NonFiniteUpdates:
         return total, longest
 
 
-def window_scalars(window: list[dict], seconds: float, peak_flops: float | None) -> dict:
-    """Scalars for the updates since the last log: token-weighted loss, throughput, FLOP/s and
-    (on a known GPU) model FLOPs utilisation, padding. Reads device values: a host sync."""
-    tokens = sum(m["tokens"] for m in window)
-    loss = float(sum(m["loss"] * m["tokens"] for m in window)) / tokens
-    nll = float(sum(m["nll"] * m["tokens"] for m in window)) / tokens
-    flops_per_s = sum(m["flops"] for m in window) / max(seconds, 1e-9)
-    scalars = {
-        "loss": loss,
-        "nll": nll,
-        "ppl": math.exp(min(nll, 50.0)),
-        "lr": window[-1]["lr"],
-        "grad_norm": float(window[-1]["grad_norm"]),
-        "tokens_per_s": tokens / max(seconds, 1e-9),  # all ranks
-        "tflops_per_s": flops_per_s / 1e12,  # this rank's
-        "padding": sum(m["padding"] for m in window) / len(window),
-    }
-    if peak_flops:
-        scalars["mfu"] = flops_per_s / peak_flops
-    return scalars
+@dataclass(frozen=True)
+class StepStats:
+    """One update's measurements; tensors stay on the device until a log reads them."""
+
+    loss: torch.Tensor  # this rank's share of the update's per-token label-smoothed loss
+    nll: torch.Tensor  # the same for the negative log-likelihood
+    lr: float  # the learning rate the update used
+    grad_norm: torch.Tensor  # before clipping
+    tokens: float  # target tokens of the update, all ranks together
+    padding: float  # share of this rank's source and target positions that are padding
+    flops: float  # this rank's model FLOPs
+
+
+@dataclass(frozen=True)
+class WindowStats:
+    """The updates since the last log: token-weighted loss, throughput, FLOP/s, and model FLOPs
+    utilisation on a GPU whose peak is known."""
+
+    loss: float
+    nll: float
+    lr: float
+    grad_norm: float  # of the window's last update
+    tokens_per_s: float  # all ranks
+    tflops_per_s: float  # this rank's
+    padding: float
+    mfu: float | None = None
+
+    @classmethod
+    def of(cls, window: list[StepStats], seconds: float, peak_flops: float | None) -> WindowStats:
+        """Reads device values: a host sync."""
+        tokens = sum(s.tokens for s in window)
+        flops_per_s = sum(s.flops for s in window) / max(seconds, 1e-9)
+        return cls(
+            loss=float(sum(s.loss * s.tokens for s in window)) / tokens,
+            nll=float(sum(s.nll * s.tokens for s in window)) / tokens,
+            lr=window[-1].lr,
+            grad_norm=float(window[-1].grad_norm),
+            tokens_per_s=tokens / max(seconds, 1e-9),
+            tflops_per_s=flops_per_s / 1e12,
+            padding=sum(s.padding for s in window) / len(window),
+            mfu=flops_per_s / peak_flops if peak_flops else None,
+        )
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(min(self.nll, 50.0))
+
+    def scalars(self) -> dict[str, float]:
+        """TensorBoard's train/ scalars."""
+        values = {**vars(self), "ppl": self.ppl}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def format(self) -> dict[str, str]:
+        """The progress bar's postfix."""
+        return {
+            "loss": f"{self.loss:.3f}",
+            "ppl": f"{self.ppl:.1f}",
+            "lr": f"{self.lr:.2e}",
+            "tok_s": f"{self.tokens_per_s:.0f}",
+        }

@@ -4,37 +4,39 @@ and checkpoints that let any interrupted run continue exactly."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from transformer_mt.config import TrainJob
+from transformer_mt.checkpoint import (
+    config_dict,
+    load_checkpoint,
+    load_newest_readable,
+    prune_step_checkpoints,
+    save_checkpoint,
+    step_checkpoints,
+)
+from transformer_mt.config import ResumeMode, TrainJob
 from transformer_mt.data.batching import Batch, BatchDataset, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.device import autocast_dtype, autocast_for
 from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.files import link_atomically, remove_partial_writes
 from transformer_mt.model import Transformer
-from transformer_mt.train.checkpoint import (
-    load_checkpoint,
-    load_newest_readable,
-    prune_step_checkpoints,
-    publish_as,
-    remove_partial_writes,
-    save_checkpoint,
-    step_checkpoints,
-)
+from transformer_mt.run_dir import RunDir
 from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.flops import peak_flops, step_flops
 from transformer_mt.train.loss import label_smoothed_loss
-from transformer_mt.train.monitor import NonFiniteUpdates, window_scalars
+from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, WindowStats
 from transformer_mt.train.run_state import (
     Progress,
     check_model_matches,
@@ -43,24 +45,28 @@ from transformer_mt.train.run_state import (
 )
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.signals import StopSignals, ignore_stop_signals
-from transformer_mt.train.validation import validation_bleu, validation_loss
+from transformer_mt.train.validation import ValidationScores, validation_loss
 
 log = logging.getLogger(__name__)
 
 
-def config_dict(cfg) -> dict:
-    """A dataclass config as plain Python values (safe for torch.load(weights_only=True))."""
-    return OmegaConf.to_container(OmegaConf.structured(cfg), enum_to_str=True)
-
-
 class Trainer:
     def __init__(
-        self, cfg: TrainJob, data: PreparedData, device: torch.device, ranks: Ranks | None = None
+        self,
+        cfg: TrainJob,
+        data: PreparedData,
+        device: torch.device,
+        ranks: Ranks | None = None,
+        *,
+        valid_bleu: Callable[[Transformer], float] | None = None,
     ):
+        """valid_bleu: the BLEU of a model's translations of (part of) the valid split, given by
+        the command (commands/train.py); None: validate the loss only."""
         self.cfg, self.data, self.device = cfg, data, device
         self.ranks = ranks or Ranks()
-        self.run_dir = Path(cfg.run_dir)
-        self.checkpoint_dir = self.run_dir / "checkpoints"
+        self.valid_bleu = valid_bleu
+        self.run = RunDir(cfg.run_dir)
+        self.checkpoint_dir = self.run.checkpoints
         tokenizers = data.tokenizers
         self.vocab_sizes = {
             "vocab_size": tokenizers.tgt.vocab_size,
@@ -112,9 +118,7 @@ class Trainer:
         self.peak_flops = (
             peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
         )
-        self.writer = (
-            SummaryWriter(str(self.run_dir / "tensorboard")) if self.ranks.is_main else None
-        )
+        self.writer = SummaryWriter(str(self.run.tensorboard)) if self.ranks.is_main else None
 
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -145,7 +149,7 @@ class Trainer:
             self.optimizer.load_state_dict(state["optimizer"])
             self.scheduler.load_state_dict(state["scheduler"])
         except (RuntimeError, ValueError, KeyError) as error:
-            raise CheckpointError(f"{path}: cannot continue from it: {error}") from None
+            raise CheckpointError(f"{path}: cannot continue from it: {error}") from error
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_state(state["progress"])
@@ -179,28 +183,29 @@ class Trainer:
                 kept = (
                     f"the previous checkpoint {previous} is intact"
                     if previous.is_file()
-                    else ("there is no previous checkpoint")
+                    else "there is no previous checkpoint"
                 )
                 raise CheckpointError(
                     f"could not write checkpoint {step_path} ({error}); {kept}: free space and "
                     "rerun the same command to continue from it"
-                ) from None
+                ) from error
             if best:  # before last.pt: a resume from an older last.pt re-judges this step
-                publish_as(step_path, self.checkpoint_dir / "best.pt")
-            publish_as(step_path, self.checkpoint_dir / "last.pt")
+                link_atomically(step_path, self.checkpoint_dir / "best.pt")
+            link_atomically(step_path, self.checkpoint_dir / "last.pt")
             prune_step_checkpoints(self.checkpoint_dir, self.cfg.trainer.keep_checkpoints)
         self.saved_step = self.progress.step
         self.last_save_time = time.monotonic()
         return step_path
 
     def resume(self) -> None:
-        """Continue according to trainer.resume (auto: the newest readable checkpoint, if any)."""
-        mode = self.cfg.trainer.resume
+        """Continue according to trainer.resume and trainer.resume_from (auto: from the newest
+        readable checkpoint of the run, if any)."""
+        trainer = self.cfg.trainer
         if self.ranks.is_main and self.checkpoint_dir.is_dir():
             for path in remove_partial_writes(self.checkpoint_dir):
                 log.info("removed %s, left by an interrupted checkpoint write", path.name)
         self.ranks.barrier()
-        if mode == "never":
+        if trainer.resume == ResumeMode.never:
             existing = step_checkpoints(self.checkpoint_dir) if self.checkpoint_dir.is_dir() else []
             if existing:
                 raise ConfigError(
@@ -208,9 +213,11 @@ class Trainer:
                     "checkpoint(s): use a new run_dir, or trainer.resume=auto to continue"
                 )
             return
-        found = load_newest_readable(self.checkpoint_dir) if mode == "auto" else None
-        if mode != "auto":
-            found = load_checkpoint(Path(mode)), Path(mode)
+        if trainer.resume_from is not None:
+            path = Path(trainer.resume_from)
+            found = load_checkpoint(path), path
+        else:
+            found = load_newest_readable(self.checkpoint_dir)
         if found:
             state, path = found
             self.load_state_dict(state, path)
@@ -264,7 +271,7 @@ class Trainer:
                 return
 
     # ---- one update --------------------------------------------------------------------------
-    def train_step(self, batches: list[Batch]) -> dict:
+    def train_step(self, batches: list[Batch]) -> StepStats:
         """One update: the summed loss of every rank's micro-batches divided once by their total
         target tokens, so it equals the update of one big batch. Returns device tensors."""
         self.train_model.train()
@@ -277,7 +284,7 @@ class Trainer:
             sync = (
                 contextlib.nullcontext()
                 if last or not self.ranks.distributed
-                else (self.train_model.no_sync())
+                else self.train_model.no_sync()
             )
             batch = batch.to(self.device)
             with sync:
@@ -309,14 +316,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.nonfinite.add(nonfinite)
         self.progress.step += 1
-        return {
-            "loss": loss_sum * self.ranks.world_size / total_tokens,  # this rank's share
-            "nll": nll_sum * self.ranks.world_size / total_tokens,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "tokens": total_tokens,
-            "padding": sum(b.padding_ratio for b in batches) / len(batches),
-            "flops": sum(
+        return StepStats(
+            loss=loss_sum * self.ranks.world_size / total_tokens,  # this rank's share
+            nll=nll_sum * self.ranks.world_size / total_tokens,
+            lr=lr,
+            grad_norm=grad_norm,
+            tokens=total_tokens,
+            padding=sum(b.padding_ratio for b in batches) / len(batches),
+            flops=sum(
                 step_flops(
                     self.cfg.model,
                     self.vocab_sizes["vocab_size"],
@@ -326,25 +333,17 @@ class Trainer:
                 )
                 for b in batches
             ),
-        }
+        )
 
     # ---- validation, logging, stopping -------------------------------------------------------
-    def validate(self) -> dict[str, float]:
-        """Loss and (optionally) BLEU on the valid split, logged; rank 0 only."""
+    def validate(self) -> ValidationScores:
+        """Loss and (when the command gave a scorer) BLEU on the valid split, logged; rank 0."""
         scores = validation_loss(self.model, self.data.valid, self.cfg, self.device)
-        if self.cfg.trainer.valid_bleu_sentences:
-            scores["bleu"] = validation_bleu(self.model, self.data, self.cfg, self.device)
-        for name, value in scores.items():
+        if self.valid_bleu is not None:
+            scores = dataclasses.replace(scores, bleu=self.valid_bleu(self.model))
+        for name, value in scores.scalars().items():
             self.writer.add_scalar(f"valid/{name}", value, self.progress.step)
-        bleu = f", BLEU {scores['bleu']:.2f}" if "bleu" in scores else ""
-        log.info(
-            "update %d: valid loss %.3f, nll %.3f, ppl %.2f%s",
-            self.progress.step,
-            scores["loss"],
-            scores["nll"],
-            scores["ppl"],
-            bleu,
-        )
+        log.info("%s", scores.format(self.progress.step))
         return scores
 
     def validate_and_judge(self) -> tuple[bool, bool]:
@@ -352,7 +351,7 @@ class Trainer:
         improved = exhausted = 0.0
         if self.ranks.is_main:
             scores = self.validate()
-            score = scores["bleu"] if "bleu" in scores else -scores["loss"]
+            score = scores.bleu if scores.bleu is not None else -scores.loss
             progress = self.progress
             if progress.best_score is None or score > progress.best_score:
                 progress.best_score, progress.validations_without_improvement = score, 0
@@ -367,25 +366,20 @@ class Trainer:
         self.validated_step = self.progress.step
         return bool(improved), bool(exhausted)
 
-    def log_train(self, window: list[dict], seconds: float, bar) -> str | None:
+    def log_train(self, window: list[StepStats], seconds: float, bar) -> str | None:
         """Scalars for the window of updates since the last log; a stop reason if the gradient
         has been non-finite too often in a row."""
         skipped, in_a_row = self.nonfinite.read()
         self.progress.skipped_updates += skipped
         if not self.ranks.is_main:
             return self.nonfinite_stop(in_a_row)
-        scalars = window_scalars(window, seconds, self.peak_flops)
-        scalars["skipped_updates"] = self.progress.skipped_updates
+        stats = WindowStats.of(window, seconds, self.peak_flops)
+        scalars = {**stats.scalars(), "skipped_updates": self.progress.skipped_updates}
         if self.device.type == "cuda":
             scalars["memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         for name, value in scalars.items():
             self.writer.add_scalar(f"train/{name}", value, self.progress.step)
-        shown = {
-            "loss": f"{scalars['loss']:.3f}",
-            "ppl": f"{scalars['ppl']:.1f}",
-            "lr": f"{scalars['lr']:.2e}",
-            "tok_s": f"{scalars['tokens_per_s']:.0f}",
-        }
+        shown = stats.format()
         if self.cfg.trainer.max_time_minutes:  # the bar's total counts updates, not the budget
             left = 60 * self.cfg.trainer.max_time_minutes - self.progress.train_seconds
             shown["time_left"] = f"{max(left, 0.0) / 60:.1f}min"

@@ -1,30 +1,47 @@
 """Validation during training: label-smoothed loss and perplexity on the whole (binarized) valid
-split; BLEU on its first sentences as read, translated with greedy or beam search and scored by
-sacreBLEU against the raw references, as tmt-eval scores the test split."""
+split; BLEU comes from the command, which knows how to translate (commands/train.py)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
+from dataclasses import dataclass
 
 import torch
 
 from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import collate, token_batches
-from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.decode.translator import Translator
 from transformer_mt.device import autocast_for
-from transformer_mt.evaluate import sacrebleu_scores
 from transformer_mt.model import Transformer
 from transformer_mt.train.loss import label_smoothed_loss
+
+
+@dataclass(frozen=True)
+class ValidationScores:
+    loss: float  # label-smoothed, per target token
+    nll: float  # per target token
+    bleu: float | None = None  # sacreBLEU on the first valid sentences, when it is on
+
+    @property
+    def ppl(self) -> float:
+        return math.exp(min(self.nll, 50.0))
+
+    def scalars(self) -> dict[str, float]:
+        """TensorBoard's valid/ scalars."""
+        values = {"loss": self.loss, "nll": self.nll, "ppl": self.ppl, "bleu": self.bleu}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def format(self, step: int) -> str:
+        bleu = "" if self.bleu is None else f", BLEU {self.bleu:.2f}"
+        losses = f"valid loss {self.loss:.3f}, nll {self.nll:.3f}, ppl {self.ppl:.2f}"
+        return f"update {step}: {losses}{bleu}"
 
 
 @torch.no_grad()
 def validation_loss(
     model: Transformer, data: ParallelTokens, cfg: TrainJob, device: torch.device
-) -> dict[str, float]:
+) -> ValidationScores:
     model.eval()
     loss_sum = nll_sum = tokens = 0.0
     batches = token_batches(
@@ -45,23 +62,4 @@ def validation_loss(
         loss_sum += float(sums.loss)
         nll_sum += float(sums.nll)
         tokens += batch.n_tgt_tokens
-    return {
-        "loss": loss_sum / tokens,
-        "nll": nll_sum / tokens,
-        "ppl": math.exp(min(nll_sum / tokens, 50.0)),
-    }
-
-
-@torch.no_grad()
-def validation_bleu(
-    model: Transformer, data: PreparedData, cfg: TrainJob, device: torch.device
-) -> float:
-    """sacreBLEU of the first trainer.valid_bleu_sentences translations of the valid split."""
-    sources, references = data.valid_text(cfg.trainer.valid_bleu_sentences)
-    decode = dataclasses.replace(cfg.decode, strategy=cfg.trainer.valid_bleu_strategy)
-    translator = Translator(
-        model, data.tokenizers, decode, device, unicode_form=cfg.data.unicode_form
-    )
-    with autocast_for(device, cfg.trainer.precision):
-        hypotheses = translator.translate(sources)
-    return sacrebleu_scores(hypotheses, references)["bleu"]
+    return ValidationScores(loss=loss_sum / tokens, nll=nll_sum / tokens)

@@ -6,12 +6,16 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from transformer_mt.checkpoint import (
+    average_checkpoints,
+    load_checkpoint,
+    model_from_checkpoint,
+    newest_step_checkpoints,
+    save_checkpoint,
+)
 from transformer_mt.config import ModelConfig
-from transformer_mt.decode.translator import model_from_checkpoint
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
-from transformer_mt.train.average import average_checkpoints, newest_step_checkpoints
-from transformer_mt.train.checkpoint import load_checkpoint, save_checkpoint
 
 VOCAB = 40
 TINY = ModelConfig(

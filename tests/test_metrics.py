@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from transformer_mt.evaluate import (
+from transformer_mt.metrics import (
     paper_tokenize,
     sacrebleu_scores,
     split_compounds,
@@ -49,9 +49,9 @@ def test_tokenized_bleu_equals_the_value_worked_out_by_hand():
 
 def test_tokenized_bleu_is_reported_apart_from_sacrebleu():
     scores = tokenized_bleu_scores(HYPOTHESES, REFERENCES)
-    assert scores["bleu_tokenized"] == 65.19
-    note = scores["bleu_tokenized_note"]
+    assert scores.bleu_tokenized == 65.19
+    note = scores.bleu_tokenized_note
     assert "an approximation of the paper's metric, not sacreBLEU's default" in note
     assert "Moses" in note
     # sacreBLEU's default 13a tokenization keeps "gut-gelaunter" whole: another number (57.85).
-    assert sacrebleu_scores(HYPOTHESES, REFERENCES)["bleu"] != scores["bleu_tokenized"]
+    assert sacrebleu_scores(HYPOTHESES, REFERENCES).bleu != scores.bleu_tokenized

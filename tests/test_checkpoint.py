@@ -5,8 +5,8 @@ import pickle
 import pytest
 import torch
 
+from transformer_mt.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
 from transformer_mt.errors import CheckpointError
-from transformer_mt.train.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
 
 STATE = {"model": {"w": torch.ones(3)}, "model_config": {"d_model": 8}, "vocab_size": 10, "step": 7}
 
@@ -69,12 +69,12 @@ def test_prune_keeps_newest(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_15.pt", "step_20.pt"]
 
 
-def test_publish_as_gives_a_second_name_to_the_same_checkpoint(tmp_path):
-    from transformer_mt.train.checkpoint import publish_as
+def test_link_atomically_gives_a_second_name_to_the_same_checkpoint(tmp_path):
+    from transformer_mt.files import link_atomically
 
     save_checkpoint(STATE, tmp_path / "step_7.pt")
     save_checkpoint({**STATE, "step": 3}, tmp_path / "last.pt")
-    publish_as(tmp_path / "step_7.pt", tmp_path / "last.pt")
+    link_atomically(tmp_path / "step_7.pt", tmp_path / "last.pt")
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 7
     (tmp_path / "step_7.pt").unlink()  # pruning a step file keeps last.pt intact
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 7

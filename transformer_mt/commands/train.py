@@ -1,18 +1,26 @@
-"""`tmt-train`'s work: every rank prepares (rank 0 builds), trains, validates and checkpoints."""
+"""tmt-train: every rank prepares (rank 0 builds), trains, validates and checkpoints."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 
 from transformer_mt.config import TrainJob, validate_train
-from transformer_mt.data.prepare import prepare, wait_until_prepared
-from transformer_mt.device import keep_freed_host_memory
-from transformer_mt.files import write_text_atomically
-from transformer_mt.model import count_parameters
+from transformer_mt.data.prepare import (
+    PreparedData,
+    open_prepared,
+    prepared_folder,
+    wait_until_prepared,
+)
+from transformer_mt.decode.translator import Translator
+from transformer_mt.device import autocast_for, keep_freed_host_memory
+from transformer_mt.metrics import sacrebleu_scores
+from transformer_mt.model import Transformer, count_parameters
+from transformer_mt.run_dir import RunDir
 from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
 from transformer_mt.train.trainer import Trainer
 
@@ -37,26 +45,24 @@ def train(cfg: TrainJob) -> Path:
 
 
 def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device) -> Path:
-    run_dir = Path(cfg.run_dir)
+    run = RunDir(cfg.run_dir)
     # Absolute paths, so that eval and translate find the corpus from any working directory.
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
     if cfg.data.dir is not None:
         cfg.data.dir = str(Path(cfg.data.dir).resolve())
     if ranks.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        config_yaml = OmegaConf.to_yaml(OmegaConf.structured(cfg))
-        write_text_atomically(run_dir / "config.yaml", config_yaml)
-        data = prepare(cfg.data, run_dir)
+        run.write_config(cfg)
+        data = run.prepare(cfg.data)
         ranks.barrier()
     else:
         logging.getLogger("transformer_mt").setLevel(logging.WARNING)
         wait_until_prepared(cfg.data)  # no collective yet: preparing may outlast its timeout
         ranks.barrier()
-        data = prepare(cfg.data, run_dir, main_process=False)
+        data = open_prepared(prepared_folder(cfg.data))
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
-    trainer = Trainer(cfg, data, device, ranks)
+    trainer = Trainer(cfg, data, device, ranks, valid_bleu=valid_bleu(cfg, data, device))
     if ranks.rank:
         torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
     log.info(
@@ -83,3 +89,26 @@ def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device) -> Path:
     if trainer.writer:
         trainer.writer.close()
     return trainer.checkpoint_dir / "last.pt"
+
+
+def valid_bleu(
+    cfg: TrainJob, data: PreparedData, device: torch.device
+) -> Callable[[Transformer], float] | None:
+    """What validation BLEU is for this run: sacreBLEU of the model's translations of the first
+    trainer.valid_bleu_sentences of the valid split as read, against the raw references (as
+    tmt-eval scores the test split); None when it is off."""
+    count = cfg.trainer.valid_bleu_sentences
+    if not count:
+        return None
+    sources, references = data.valid_text(count)
+    decode = dataclasses.replace(cfg.decode, strategy=cfg.trainer.valid_bleu_strategy)
+
+    def score(model: Transformer) -> float:
+        translator = Translator.for_model(
+            model, data.tokenizers, decode, device, unicode_form=cfg.data.unicode_form
+        )
+        with autocast_for(device, cfg.trainer.precision):
+            hypotheses = translator.translate(sources)
+        return sacrebleu_scores(hypotheses, references).bleu
+
+    return score

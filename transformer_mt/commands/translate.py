@@ -1,0 +1,69 @@
+"""tmt-translate: lines of stdin or a file to translations (or n-best lists) on stdout or in a
+file, written and flushed after each batch of lines."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack
+from typing import BinaryIO, TextIO
+
+from transformer_mt.config import TranslateJob
+from transformer_mt.decode.translator import Translator
+from transformer_mt.errors import TransformerMTError
+
+LINES_PER_BATCH = 64
+
+
+def translate(job: TranslateJob) -> None:
+    translator = Translator.from_run(
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device
+    )
+    with ExitStack() as files:
+        if job.input is None:
+            source, name = sys.stdin.buffer, "<stdin>"
+        else:
+            source, name = files.enter_context(open_input(job.input)), job.input
+        if job.output is None:
+            sys.stdout.reconfigure(encoding="utf-8")
+            target = sys.stdout
+        else:
+            target = files.enter_context(open(job.output, "w", encoding="utf-8"))
+        translate_stream(translator, source, name, target)
+
+
+def translate_stream(translator: Translator, source: BinaryIO, name: str, target: TextIO) -> None:
+    """Translations of `source`'s lines, one per line (with decode.nbest > 1: Moses' n-best
+    format, 'line number ||| translation ||| score', best first), flushed after each batch."""
+    number = 0
+    for lines in line_batches(source, name, LINES_PER_BATCH):
+        if translator.decode.nbest > 1:
+            for nbest in translator.translate_nbest(lines):
+                for entry in nbest:
+                    target.write(f"{number} ||| {entry.text} ||| {entry.score:.4f}\n")
+                number += 1
+        else:
+            target.writelines(t + "\n" for t in translator.translate(lines))
+        target.flush()
+
+
+def open_input(path: str) -> BinaryIO:
+    try:
+        return open(path, "rb")
+    except OSError as error:
+        raise TransformerMTError(f"input={path}: {error.strerror}") from None
+
+
+def line_batches(stream: BinaryIO, name: str, size: int) -> Iterator[list[str]]:
+    """Lines of a binary stream (UTF-8, split on newlines only) in batches of up to `size`."""
+    batch: list[str] = []
+    for number, raw in enumerate(stream, start=1):
+        try:
+            batch.append(raw.decode("utf-8").rstrip("\r\n"))
+        except UnicodeDecodeError:
+            raise TransformerMTError(f"{name}:{number}: not valid UTF-8") from None
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,118 @@
+"""The run folder: one training run's configuration, data pointer, tokenizers, checkpoints and
+scores. Every command reads and writes it through `RunDir`, so its layout is written here once:
+
+    config.yaml            the composed configuration of tmt-train (eval reads the data settings)
+    prepared.json          {"folder": the prepared corpus this run trains on}
+    spm.model | spm.src.model + spm.tgt.model    copies of the tokenizer(s)
+    checkpoints/           step_N.pt, last.pt, best.pt, averaged.pt, exported model folders
+    tensorboard/           training and validation scalars
+    hypotheses.SPLIT.txt, scores.SPLIT.json      what tmt-eval translated and measured
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from transformer_mt.config import DataConfig
+from transformer_mt.data.prepare import PreparedData, prepare, prepared_folder
+from transformer_mt.data.tokenizer import TOKENIZER_FILES, Tokenizers, load_tokenizers
+from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.files import copy_atomically, write_text_atomically
+
+
+class RunDir:
+    CONFIG = "config.yaml"
+    PREPARED = "prepared.json"
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.path / "tensorboard"
+
+    def checkpoint(self, name: str) -> Path:
+        """A checkpoint (or exported model) name inside checkpoints/, or a path as given."""
+        candidate = Path(name)
+        if candidate.is_absolute() or candidate.parent != Path("."):
+            return candidate
+        return self.checkpoints / name
+
+    # ---- configuration -----------------------------------------------------------------------
+    def write_config(self, job) -> None:
+        """Record the composed configuration (a TrainJob) as config.yaml."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        write_text_atomically(self.path / self.CONFIG, OmegaConf.to_yaml(OmegaConf.structured(job)))
+
+    def data_config(self) -> DataConfig:
+        """The data configuration the run was trained with."""
+        config_path = self.path / self.CONFIG
+        if not config_path.is_file():
+            raise ConfigError(
+                f"{config_path} not found: is '{self.path}' a run folder written by tmt-train?"
+            )
+        saved = OmegaConf.load(config_path)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data))
+
+    # ---- data and tokenizers -----------------------------------------------------------------
+    def prepare(self, cfg: DataConfig) -> PreparedData:
+        """The run's prepared corpus, built if needed; refused before any work when the run was
+        started on other data."""
+        self.check_prepared(prepared_folder(cfg))
+        data = prepare(cfg)
+        self.adopt_prepared(data.folder, data.tokenizers)
+        return data
+
+    def check_prepared(self, folder: Path) -> None:
+        """DataError unless the run is new or was started on the prepared corpus `folder`: a
+        run folder keeps the data (and tokenizer) it was started with."""
+        record = self.path / self.PREPARED
+        if not record.is_file():
+            return
+        try:
+            previous = Path(json.loads(record.read_text())["folder"]).name
+        except (ValueError, KeyError, TypeError):
+            raise DataError(
+                f"{record} is not readable: delete it, and rerun to record the prepared data"
+            ) from None
+        if previous != folder.name:
+            raise DataError(
+                f"{self.path} was prepared as {previous}, but this configuration prepares "
+                f"{folder.name} (the corpus, or a data or tokenizer setting, changed): use a new "
+                "run_dir, or restore the original settings"
+            )
+
+    def adopt_prepared(self, folder: Path, tokenizers: Tokenizers) -> None:
+        """Record the prepared corpus and copy its tokenizer(s), so the folder alone translates."""
+        self.check_prepared(folder)
+        self.path.mkdir(parents=True, exist_ok=True)
+        for name in set(TOKENIZER_FILES) - {path.name for path in tokenizers.files}:
+            (self.path / name).unlink(missing_ok=True)  # a stale model would shadow the new one
+        for path in tokenizers.files:
+            copy_atomically(path, self.path / path.name)
+        record = {"folder": str(folder.resolve())}
+        write_text_atomically(self.path / self.PREPARED, json.dumps(record, indent=2) + "\n")
+
+    def tokenizers(self) -> Tokenizers:
+        return load_tokenizers(self.path)
+
+    # ---- evaluation --------------------------------------------------------------------------
+    def hypotheses_file(self, split: str) -> Path:
+        return self.path / f"hypotheses.{split}.txt"
+
+    def scores_file(self, split: str) -> Path:
+        return self.path / f"scores.{split}.json"
+
+    def write_evaluation(self, split: str, hypotheses: list[str], scores: dict) -> None:
+        write_text_atomically(self.hypotheses_file(split), "".join(h + "\n" for h in hypotheses))
+        write_text_atomically(self.scores_file(split), json.dumps(scores, indent=2) + "\n")
