@@ -31,6 +31,8 @@ help: ## list the targets
 # Set-up messages go to stderr, so that `make translate < in > out` writes translations only.
 $(STAMP): pyproject.toml
 	@echo "setting up $(VENV) (torch $(TORCH_VERSION), $(if $(TORCH_INDEX),CPU build,CUDA build))" >&2
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { echo "no usable $(PYTHON): Python 3.10 to 3.13 is needed (python.org, Homebrew or your distribution); another one: make PYTHON=python3.12 ..." >&2; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { echo "$(PYTHON) -m venv is unavailable: install your distribution's venv package (Debian/Ubuntu: sudo apt install python3-venv)" >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/pip install --quiet --upgrade pip >&2
 	@$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)" >&2

@@ -1,7 +1,7 @@
 """Training throughput of our Transformer next to Hugging Face's MarianMTModel of the same shape.
 
     make bench                                  # model=small, Multi30k de->en batches, 2 threads
-    make bench ARGS="--model base --steps 3"    # any preset from configs/model
+    make bench ARGS="--model base --steps 3"    # any preset from transformer_mt/configs/model
     make bench ARGS="--data toy --vocab 2000"   # the embedded toy corpus instead
     make bench ARGS="--no-marian"               # our model only
 

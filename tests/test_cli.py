@@ -1,5 +1,8 @@
 """The console commands: user mistakes give one clear line and a non-zero exit, no traceback."""
 
+import os
+import pty
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -102,9 +105,35 @@ def test_translate_files_and_nbest_lists(tmp_path):
     entries = [line.split(" ||| ") for line in result.stdout.decode().splitlines()]
     assert [int(e[0]) for e in entries] == [0, 0, 0, 1, 2, 2, 2]  # the empty line: one entry
     for number in (0, 2):
-        scores = [float(e[2]) for e in entries if int(e[0]) == number]
+        scores = [float(e[3]) for e in entries if int(e[0]) == number]
         assert scores == sorted(scores, reverse=True)
+    assert all(len(e) == 4 and e[2] == f"F0= {e[3]}" for e in entries)  # Moses' 4 fields
 
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
     result = run("tmt-translate", run_dir, f"input={tmp_path / 'bad.txt'}")
     assert result.returncode == 2 and "bad.txt:2: not valid UTF-8" in result.stderr.decode()
+
+
+def test_at_a_terminal_each_line_is_translated_as_soon_as_it_is_entered(tmp_path):
+    train_one_update(tmp_path)
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [str(BIN / "tmt-translate"), f"run_dir={tmp_path / 'run'}", "decode=greedy"],
+        stdin=terminal,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(terminal)
+    try:
+        os.write(controller, b"the dog sees the cat.\n")
+        ready, _, _ = select.select([process.stdout], [], [], 90)
+        assert ready, "no translation of line 1 while the terminal stays open"
+        first = process.stdout.readline()  # line 2 is not written yet
+        assert first.endswith(b"\n") and process.poll() is None
+        os.write(controller, b"the man.\n\x04")  # Ctrl-D: end of input
+        rest = process.stdout.read()
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+        os.close(controller)
+    assert len(rest.splitlines()) == 1

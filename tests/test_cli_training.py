@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -85,3 +86,24 @@ def test_average_the_newest_checkpoints_then_evaluate_them(tiny_train_job):
     )
     assert too_many.returncode == 2 and "only 3" in too_many.stderr
     assert "Traceback" not in too_many.stderr
+
+
+def test_a_log_line_every_log_every_updates_and_no_bar_outside_a_terminal(tiny_overrides, tmp_path):
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [str(BIN / "tmt-train"), *tiny_overrides, *QUICK, f"run_dir={run_dir}"]
+        + [f"data.prepared_dir={tmp_path / 'prepared'}", "trainer.max_steps=4"]
+        + ["trainer.log_every=2", "trainer.progress_bar=true"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    line = (
+        r"update {} epoch 0 loss=[\d.]+ nll=[\d.]+ ppl=[\d.]+ lr=[\d.e+-]+ gnorm=[\d.]+ "
+        r"tok/s=\d+ elapsed=[\d.]+min$"
+    )
+    for step in (2, 4):
+        assert re.search(line.format(step), result.stderr, re.MULTILINE), result.stderr
+        assert re.search(line.format(step), (run_dir / "cli.log").read_text(), re.MULTILINE)
+    assert "\r" not in result.stderr  # stderr is a pipe here: no progress bar

@@ -1,8 +1,8 @@
 """Command-line entry points; the only module with @hydra.main.
 
-Each command composes its config from configs/, turns it into a typed job and calls the plain
-function of its module in commands/. User mistakes (TransformerMTError) become one clear line
-and exit code 2; nothing else happens here.
+Each command composes its config from the presets in transformer_mt/configs/, turns it into a
+typed job and calls the plain function of its module in commands/. User mistakes
+(TransformerMTError) become one clear line and exit code 2; nothing else happens here.
 """
 
 from __future__ import annotations

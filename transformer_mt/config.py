@@ -1,12 +1,14 @@
 """Typed configuration for every stage, registered with Hydra's ConfigStore.
 
-Each YAML preset in ``configs/`` names its schema in its defaults list, so a misspelled key or a
-value of the wrong type fails when the config is composed, before any work starts. ``validate``
-then checks what types cannot (positive sizes, ``d_model % n_heads``) and names the key at fault.
+Each YAML preset in ``transformer_mt/configs/`` names its schema in its defaults list, so a
+misspelled key or a value of the wrong type fails when the config is composed, before any work
+starts. ``validate`` then checks what types cannot (positive sizes, ``d_model % n_heads``) and
+names the key at fault.
 """
 
 from __future__ import annotations
 
+import importlib.resources
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -191,7 +193,9 @@ class TrainerConfig:
     num_threads: int = 0
     """CPU threads for torch (0: torch's default)."""
     log_every: int = 50
-    """Updates between TensorBoard scalars / progress-bar refreshes."""
+    """Updates between log lines (stderr and the run's cli.log: update, epoch, loss, nll, ppl,
+    lr, gradient norm, target tokens/s, elapsed training time), TensorBoard scalars and
+    progress-bar refreshes."""
     valid_every: int = 1000
     """Updates between validations (0: only at the end)."""
     valid_bleu_sentences: int = 500
@@ -217,7 +221,7 @@ class TrainerConfig:
     max_nonfinite_updates: int = 10
     """Updates with a non-finite gradient are skipped; stop after this many in a row."""
     progress_bar: bool = True
-    """Show a tqdm progress bar."""
+    """Show a tqdm progress bar when stderr is a terminal (never in a log file)."""
     rank_timeout_minutes: float = 30.0
     """Distributed runs: a rank that waits longer than this for the others in a collective fails
     the job (a hung rank). Data preparation by rank 0 is waited for without this limit."""
@@ -308,7 +312,8 @@ class TranslateJob:
     """File to translate, one sentence per line, UTF-8 (null: standard input)."""
     output: str | None = None
     """File to write (null: standard output). With decode.nbest > 1 each line is
-    'input line number (from 0) ||| translation ||| score', best first (Moses' n-best format)."""
+    'input line number (from 0) ||| translation ||| F0= score ||| score', best first (the n-best
+    format Moses' and Marian's rerankers read)."""
     decode: DecodeConfig
 
 
@@ -341,7 +346,7 @@ class ExportJob:
 
 
 def register_configs() -> None:
-    """Register the schemas that the YAML files in configs/ extend."""
+    """Register the schemas that the YAML files in transformer_mt/configs/ extend."""
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainJob)
     store.store(name="eval_schema", node=EvalJob)
@@ -355,8 +360,8 @@ def register_configs() -> None:
     store.store(group="decode", name="decode_schema", node=DecodeConfig)
 
 
-# configs/ lives beside the package in the repository (the package is installed editable).
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = Path(str(importlib.resources.files("transformer_mt") / "configs"))
+"""The presets, shipped inside the package (a wheel installs them with it)."""
 
 
 Job = TrainJob | EvalJob | TranslateJob | AverageJob | ExportJob
@@ -367,8 +372,8 @@ COMMAND_SCHEMAS = {
     "average": AverageJob,
     "export": ExportJob,
 }
-"""The schema each command's own configuration composes to (other files in configs/, such as
-demo and multi30k, are training configurations)."""
+"""The schema each command's own configuration composes to (the other presets, such as demo and
+multi30k, are training configurations)."""
 
 JobT = TypeVar("JobT", TrainJob, EvalJob, TranslateJob, AverageJob, ExportJob)
 

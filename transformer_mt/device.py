@@ -4,18 +4,69 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
+import subprocess
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
 
 from transformer_mt.config import Precision
+from transformer_mt.errors import ConfigError
 
 
 def resolve_device(name: str) -> torch.device:
-    """'auto' means CUDA when available, else the CPU."""
+    """'auto' means CUDA when torch can use it, else the CPU; a machine whose GPUs torch cannot
+    use (nvidia-smi lists them, torch sees none) is an error rather than a silent CPU run."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        check_no_unusable_gpus(nvidia_smi())
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        check_no_unusable_gpus(nvidia_smi())
+        raise ConfigError(f"device '{name}': torch {torch.__version__} has no CUDA here")
+    return device
+
+
+def nvidia_smi() -> str | None:
+    """What `nvidia-smi` prints (its table, then its GPU list), or None where it is not
+    installed or fails."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        runs = [
+            subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+            for command in (["nvidia-smi"], ["nvidia-smi", "-L"])
+        ]
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return "\n".join(runs)
+
+
+def check_no_unusable_gpus(smi_output: str | None) -> None:
+    """ConfigError when nvidia-smi lists GPUs that torch cannot use: the usual cause is a driver
+    older than the CUDA the torch wheel was built for, or a CPU-only wheel."""
+    gpus = re.findall(r"^GPU \d+: (.+?)(?: \(UUID|$)", smi_output or "", re.MULTILINE)
+    if not gpus:
+        return
+    driver_cuda = re.search(r"CUDA Version: ([\d.]+)", smi_output or "")
+    wheel_cuda = torch.version.cuda
+    cause = (
+        f"this torch {torch.__version__} is a CPU-only build"
+        if wheel_cuda is None
+        else f"this torch {torch.__version__} is built for CUDA {wheel_cuda}, and the driver "
+        f"supports CUDA {driver_cuda.group(1) if driver_cuda else 'of an unknown version'}"
+        " (a driver older than the wheel's CUDA cannot run it)"
+    )
+    raise ConfigError(
+        f"nvidia-smi lists {len(gpus)} GPU(s) ({', '.join(sorted(set(gpus)))}) but torch sees "
+        f"none: {cause}. Install a torch build for this driver (https://pytorch.org/get-started/"
+        "locally/, e.g. pip install torch --index-url https://download.pytorch.org/whl/cu121 for "
+        "a CUDA 12.1 driver) or update the driver; or train on the CPU on purpose with "
+        "trainer.device=cpu (eval and translate: device=cpu)"
+    )
 
 
 def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:

@@ -6,6 +6,7 @@ scores. Every command reads and writes it through `RunDir`, so its layout is wri
     spm.model | spm.src.model + spm.tgt.model    copies of the tokenizer(s)
     checkpoints/           step_N.pt, last.pt, best.pt, averaged.pt, exported model folders
     tensorboard/           training and validation scalars
+    cli.log                the log of tmt-train (Hydra's job log): a line every trainer.log_every
     hypotheses.SPLIT.txt, scores.SPLIT.json      what tmt-eval translated and measured
 """
 

@@ -1,5 +1,10 @@
 """tmt-translate: lines of stdin or a file to translations (or n-best lists) on stdout or in a
-file, written and flushed after each batch of lines."""
+file.
+
+Typed at a terminal, each line is translated as soon as it is entered. From a file or a pipe, the
+input is read in chunks of CHUNK_LINES lines, which the Translator sorts by length and batches by
+decode.batch_tokens; the output keeps the input's order and is flushed after each chunk, so
+memory stays bounded on a file of any length."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ from transformer_mt.config import TranslateJob
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import TransformerMTError
 
-LINES_PER_BATCH = 64
+CHUNK_LINES = 10_000
 
 
 def translate(job: TranslateJob) -> None:
@@ -29,18 +34,23 @@ def translate(job: TranslateJob) -> None:
             target = sys.stdout
         else:
             target = files.enter_context(open(job.output, "w", encoding="utf-8"))
-        translate_stream(translator, source, name, target)
+        interactive = job.input is None and sys.stdin.isatty()
+        translate_stream(translator, source, name, target, 1 if interactive else CHUNK_LINES)
 
 
-def translate_stream(translator: Translator, source: BinaryIO, name: str, target: TextIO) -> None:
-    """Translations of `source`'s lines, one per line (with decode.nbest > 1: Moses' n-best
-    format, 'line number ||| translation ||| score', best first), flushed after each batch."""
+def translate_stream(
+    translator: Translator, source: BinaryIO, name: str, target: TextIO, chunk_lines: int
+) -> None:
+    """Translations of `source`'s lines, one per line, flushed after every `chunk_lines` lines.
+    With decode.nbest > 1, n-best lists in the format Moses' and Marian's rerankers read:
+    'line number (from 0) ||| translation ||| F0= score ||| score', best first."""
     number = 0
-    for lines in line_batches(source, name, LINES_PER_BATCH):
+    for lines in line_batches(source, name, chunk_lines):
         if translator.decode.nbest > 1:
             for nbest in translator.translate_nbest(lines):
                 for entry in nbest:
-                    target.write(f"{number} ||| {entry.text} ||| {entry.score:.4f}\n")
+                    score = f"{entry.score:.4f}"
+                    target.write(f"{number} ||| {entry.text} ||| F0= {score} ||| {score}\n")
                 number += 1
         else:
             target.writelines(t + "\n" for t in translator.translate(lines))

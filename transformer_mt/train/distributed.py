@@ -78,6 +78,12 @@ def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks,
                 f"trainer.device: under torchrun each rank uses cuda:LOCAL_RANK; "
                 f"use auto or cuda, got {device_name}"
             )
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"rank {rank} has no GPU: torchrun started at least {local_rank + 1} processes on "
+                f"this machine, which has {torch.cuda.device_count()} GPU(s) (make train "
+                f"NPROC={torch.cuda.device_count()}, or torchrun --nproc-per-node)"
+            )
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"

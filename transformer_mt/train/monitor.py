@@ -82,8 +82,16 @@ class WindowStats:
         values = {**vars(self), "ppl": self.ppl}
         return {name: value for name, value in values.items() if value is not None}
 
-    def format(self) -> dict[str, str]:
-        """The progress bar's postfix."""
+    def format(self, step: int, epoch: int, elapsed_seconds: float) -> str:
+        """The log line written every trainer.log_every updates (key=value, for grep)."""
+        mfu = "" if self.mfu is None else f" mfu={self.mfu:.3f}"
+        return (
+            f"update {step} epoch {epoch} loss={self.loss:.3f} nll={self.nll:.3f} "
+            f"ppl={self.ppl:.2f} lr={self.lr:.3e} gnorm={self.grad_norm:.3f} "
+            f"tok/s={self.tokens_per_s:.0f}{mfu} elapsed={elapsed_seconds / 60:.1f}min"
+        )
+
+    def bar_postfix(self) -> dict[str, str]:
         return {
             "loss": f"{self.loss:.3f}",
             "ppl": f"{self.ppl:.1f}",

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -379,7 +380,9 @@ class Trainer:
             scalars["memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         for name, value in scalars.items():
             self.writer.add_scalar(f"train/{name}", value, self.progress.step)
-        shown = stats.format()
+        progress = self.progress
+        log.info("%s", stats.format(progress.step, progress.epoch, progress.train_seconds))
+        shown = stats.bar_postfix()
         if self.cfg.trainer.max_time_minutes:  # the bar's total counts updates, not the budget
             left = 60 * self.cfg.trainer.max_time_minutes - self.progress.train_seconds
             shown["time_left"] = f"{max(left, 0.0) / 60:.1f}min"
@@ -415,7 +418,8 @@ class Trainer:
             initial=self.progress.step,
             desc="train",
             unit="upd",
-            disable=not (trainer.progress_bar and self.ranks.is_main),
+            # Only on a terminal: a log file (a cluster job's) gets the text lines instead.
+            disable=not (trainer.progress_bar and self.ranks.is_main and sys.stderr.isatty()),
             dynamic_ncols=True,
         )
         stream = self.micro_batches()
