@@ -23,7 +23,7 @@ def presets(group: str) -> list[str]:
 @pytest.mark.parametrize("group,preset", [(g, p) for g in GROUPS for p in presets(g)])
 def test_every_preset_composes(group, preset):
     overrides = [f"{group}={preset}", "run_dir=/tmp/x"]
-    if preset in ("files", "multi30k_de_en"):
+    if preset in ("files", "multi30k_files_de_en"):
         overrides.append("data.dir=/tmp/corpus")
     job = compose_job("train", overrides)
     assert isinstance(job, TrainJob)

@@ -78,9 +78,24 @@ class DataConfig:
     test_split: str = "test"
     """Name of the test split scored by `make eval`."""
     hf_path: str = "wmt/wmt14"
-    """hf: dataset id on the Hugging Face hub, or a local folder written by `save_to_disk`."""
+    """hf: dataset id on the Hugging Face hub, a local folder written by `save_to_disk`, a local
+    folder of parquet / JSON files named by split, or a builder (parquet, json) that reads
+    hf_data_files."""
     hf_config: str | None = "de-en"
     """hf: dataset configuration (language pair), e.g. de-en or fr-en."""
+    hf_revision: str | None = None
+    """hf: a branch, tag or commit of the dataset's repository (null: the newest)."""
+    hf_data_files: dict[str, str] | None = None
+    """hf: files per split ({train: ..., validation: ...}: local paths or hf:// URLs), read by the
+    builder that hf_path names (parquet, json, csv) instead of a repository's own layout."""
+    hf_src_column: str | None = None
+    """hf: the source text column of a dataset with one text column per language (null: a
+    `translation` column of {lang: text}, else the column named data.src_lang)."""
+    hf_tgt_column: str | None = None
+    """hf: the target text column (see hf_src_column)."""
+    carve_valid: int = 2000
+    """hf: when the dataset has no split named valid_split, this many train pairs (drawn with
+    data.seed, left out of training) become the valid split."""
     toy_seed: int = 1
     """toy: seed of the generated corpus."""
     toy_sizes: list[int] = field(default_factory=lambda: [30000, 500, 500])
@@ -452,6 +467,12 @@ def validate_data(data: DataConfig) -> None:
         0.0 < data.character_coverage <= 1.0,
         "data.character_coverage",
         f"must be in (0, 1], got {data.character_coverage}",
+    )
+    _require(data.carve_valid >= 0, "data.carve_valid", f"must be >= 0, got {data.carve_valid}")
+    _require(
+        (data.hf_src_column is None) == (data.hf_tgt_column is None),
+        "data.hf_src_column",
+        "name both text columns (data.hf_src_column and data.hf_tgt_column) or neither",
     )
     _require(
         data.max_length_ratio >= 0,

@@ -1,8 +1,11 @@
 """Local files and the Hugging Face `datasets` path, including bad input."""
 
+import dataclasses
+import logging
+
 import pytest
 
-from transformer_mt.config import DataConfig, SourceKind
+from transformer_mt.config import DataConfig, SourceKind, compose_job
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.errors import DataError
 
@@ -96,3 +99,104 @@ def test_unreachable_dataset_says_how_to_use_local_files():
     )
     with pytest.raises(DataError, match="data=files"):
         list(read_pairs(cfg, "train"))
+
+
+# ---- Hugging Face datasets in the layouts users meet ----------------------------------------
+PAIRS = [(f"Satz {i}.", f"Sentence {i}.") for i in range(40)]  # (de, en)
+
+
+def flat_parquet_folder(folder, splits: dict[str, list[tuple[str, str]]]) -> None:
+    """A local folder like bentrevett/multi30k: one parquet file per split, columns en and de."""
+    import datasets
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, pairs in splits.items():
+        columns = {"en": [en for _, en in pairs], "de": [de for de, _ in pairs]}
+        datasets.Dataset.from_dict(columns).to_parquet(str(folder / f"{split}.parquet"))
+
+
+def test_flat_language_columns_with_the_multi30k_presets_names_and_splits(tmp_path):
+    flat_parquet_folder(
+        tmp_path / "m30k", {"train": PAIRS[:30], "validation": PAIRS[30:35], "test": PAIRS[35:]}
+    )
+    for preset, flip in (("multi30k_de_en", False), ("multi30k_en_de", True)):
+        cfg = compose_job("train", [f"data={preset}", f"data.hf_path={tmp_path / 'm30k'}"]).data
+        expected = {"train": PAIRS[:30], "valid": PAIRS[30:35], "test": PAIRS[35:]}
+        for split, pairs in expected.items():
+            assert list(read_pairs(cfg, split)) == [(b, a) if flip else (a, b) for a, b in pairs]
+
+
+def test_a_dataset_without_a_valid_split_gets_one_carved_from_train(tmp_path, caplog):
+    flat_parquet_folder(tmp_path / "d", {"train": PAIRS[:35], "test": PAIRS[35:]})
+    cfg = DataConfig(
+        source=SourceKind.hf,
+        hf_path=str(tmp_path / "d"),
+        hf_config=None,
+        src_lang="de",
+        tgt_lang="en",
+        valid_split="validation",
+        carve_valid=6,
+        seed=3,
+    )
+    with caplog.at_level(logging.INFO, logger="transformer_mt.data.sources"):
+        valid = list(read_pairs(cfg, "valid"))
+    train = list(read_pairs(cfg, "train"))
+    assert len(valid) == 6 and len(train) == 29
+    assert set(valid).isdisjoint(train) and sorted(valid + train) == sorted(PAIRS[:35])
+    assert "6 of 35 train pairs carved out as the valid split (seed 3)" in caplog.text
+    assert list(read_pairs(dataclasses.replace(cfg, seed=3), "valid")) == valid  # seeded
+    assert list(read_pairs(dataclasses.replace(cfg, seed=4), "valid")) != valid
+    assert list(read_pairs(cfg, "test")) == PAIRS[35:]
+
+
+def test_a_save_to_disk_folder_and_named_columns(tmp_path):
+    import datasets
+
+    rows = {"src_text": [de for de, _ in PAIRS], "tgt_text": [en for _, en in PAIRS]}
+    table = datasets.Dataset.from_dict(rows)
+    datasets.DatasetDict({"train": table, "dev": table.select(range(5))}).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    cfg = DataConfig(
+        source=SourceKind.hf,
+        hf_path=str(tmp_path / "saved"),
+        hf_config=None,
+        src_lang="de",
+        tgt_lang="en",
+        valid_split="dev",
+        hf_src_column="src_text",
+        hf_tgt_column="tgt_text",
+    )
+    assert list(read_pairs(cfg, "train")) == PAIRS
+    assert list(read_pairs(cfg, "valid")) == PAIRS[:5]
+
+
+def test_an_unknown_column_is_named_with_the_columns_that_exist(tmp_path):
+    flat_parquet_folder(tmp_path / "d", {"train": PAIRS, "validation": PAIRS[:3]})
+    cfg = DataConfig(
+        source=SourceKind.hf,
+        hf_path=str(tmp_path / "d"),
+        hf_config=None,
+        src_lang="de",
+        tgt_lang="en",
+        valid_split="validation",
+        hf_src_column="german",
+    )
+    with pytest.raises(DataError, match=r"no column 'german' \(its columns: en, de\)"):
+        list(read_pairs(cfg, "train"))
+    cfg = dataclasses.replace(cfg, hf_src_column=None, src_lang="fr")
+    with pytest.raises(DataError, match=r"neither a 'translation' column nor columns named 'fr'"):
+        list(read_pairs(cfg, "train"))
+
+
+def test_parquet_files_per_split_as_the_iwslt_preset_reads_them(tmp_path):
+    flat_parquet_folder(tmp_path / "f", {"tr": PAIRS[:30], "va": PAIRS[30:35], "te": PAIRS[35:]})
+    files = {"train": "tr", "validation": "va", "test": "te"}
+    overrides = [
+        f"data.hf_data_files.{split}={tmp_path / 'f' / name}.parquet"
+        for split, name in files.items()
+    ]
+    cfg = compose_job("train", ["data=iwslt17_de_en", *overrides]).data
+    assert cfg.hf_path == "parquet"
+    assert list(read_pairs(cfg, "valid")) == PAIRS[30:35]
+    assert list(read_pairs(cfg, "test")) == PAIRS[35:]

@@ -12,6 +12,8 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
+
 from transformer_mt.config import DataConfig, InvalidUtf8, SourceKind
 from transformer_mt.errors import DataError
 
@@ -38,7 +40,7 @@ def read_pairs(
         replace = cfg.invalid_utf8 == InvalidUtf8.replace
         return read_parallel_files(*parallel_file_paths(cfg, name), replace=replace, counts=counts)
     if cfg.source == SourceKind.hf:
-        return read_hf_dataset(cfg.hf_path, cfg.hf_config, name, cfg.src_lang, cfg.tgt_lang)
+        return read_hf_dataset(cfg, split)
     return iter(toy_split(cfg, split))
 
 
@@ -56,10 +58,9 @@ def source_version(cfg: DataConfig) -> dict:
                 raise DataError(f"{path}: no such file")
         return {str(p.resolve()): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
     if cfg.source == SourceKind.hf:
-        return {
-            split: load_hf_split(cfg.hf_path, cfg.hf_config, split)._fingerprint
-            for split in (cfg.train_split, cfg.valid_split)
-        } | {"path": cfg.hf_path}
+        splits = load_hf_splits(cfg.hf_path, cfg.hf_config, cfg.hf_revision, data_files_key(cfg))
+        used = [name for name in (cfg.train_split, cfg.valid_split) if name in splits]
+        return {name: splits[name]._fingerprint for name in used} | {"path": cfg.hf_path}
     from transformer_mt.data.toy import TOY_VERSION
 
     return {"toy": TOY_VERSION}
@@ -111,34 +112,108 @@ def read_parallel_files(
     return zip(src_lines, read_lines(tgt_path, replace=replace, counts=counts), strict=True)
 
 
-def read_hf_dataset(
-    path: str, config: str | None, split: str, src_lang: str, tgt_lang: str
-) -> Iterator[tuple[str, str]]:
-    """Rows of a dataset in the hub's translation format: a `translation` column of {lang: text}."""
-    dataset = load_hf_split(path, config, split)
-    if "translation" not in dataset.column_names:
-        raise DataError(
-            f"dataset '{path}' has no 'translation' column (columns: {dataset.column_names})"
-        )
-    for row in dataset:
-        pair = row["translation"]
-        if src_lang not in pair or tgt_lang not in pair:
+def read_hf_dataset(cfg: DataConfig, split: str) -> Iterator[tuple[str, str]]:
+    """Rows of one split ('train', 'valid', 'test') of a Hugging Face dataset: a `translation`
+    column of {lang: text}, or two flat text columns (data.hf_src_column / data.hf_tgt_column,
+    else the columns named by the language codes)."""
+    dataset = hf_split(cfg, split)
+    columns = text_columns(dataset.column_names, cfg)
+    if columns is None:
+        for row in dataset:
+            pair = row["translation"]
+            if cfg.src_lang not in pair or cfg.tgt_lang not in pair:
+                raise DataError(
+                    f"dataset '{cfg.hf_path}': languages {cfg.src_lang}, {cfg.tgt_lang} not in "
+                    f"its translation column's {sorted(pair)}"
+                )
+            yield pair[cfg.src_lang], pair[cfg.tgt_lang]
+        return
+    src_column, tgt_column = columns
+    for row in dataset.select_columns([src_column, tgt_column]):
+        yield row[src_column], row[tgt_column]
+
+
+def text_columns(names: list[str], cfg: DataConfig) -> tuple[str, str] | None:
+    """The source and target text columns; None for a `translation` column of {lang: text}."""
+    if cfg.hf_src_column or cfg.hf_tgt_column:
+        wanted = {"data.hf_src_column": cfg.hf_src_column, "data.hf_tgt_column": cfg.hf_tgt_column}
+        for key, name in wanted.items():
+            if name not in names:
+                raise DataError(
+                    f"config key '{key}': dataset '{cfg.hf_path}' has no column {name!r} "
+                    f"(its columns: {', '.join(names)})"
+                )
+        return cfg.hf_src_column, cfg.hf_tgt_column
+    if "translation" in names:
+        return None
+    if cfg.src_lang in names and cfg.tgt_lang in names:
+        return cfg.src_lang, cfg.tgt_lang
+    raise DataError(
+        f"dataset '{cfg.hf_path}' has neither a 'translation' column nor columns named "
+        f"{cfg.src_lang!r} and {cfg.tgt_lang!r} (its columns: {', '.join(names)}): name the text "
+        "columns with data.hf_src_column and data.hf_tgt_column"
+    )
+
+
+def hf_split(cfg: DataConfig, split: str):
+    """One split of the dataset; without a split named data.valid_split, 'valid' is
+    data.carve_valid pairs drawn from train (seeded by data.seed) and 'train' is the rest."""
+    splits = load_hf_splits(cfg.hf_path, cfg.hf_config, cfg.hf_revision, data_files_key(cfg))
+    name = split_name(cfg, split)
+    carving = split in ("train", "valid") and cfg.valid_split not in splits
+    if not carving:
+        if name not in splits:
             raise DataError(
-                f"dataset '{path}': languages {src_lang}, {tgt_lang} not in {sorted(pair)}"
+                f"dataset '{cfg.hf_path}' has no split {name!r} (its splits: "
+                f"{', '.join(splits)}): see data.train_split, data.valid_split, data.test_split"
             )
-        yield pair[src_lang], pair[tgt_lang]
+        return splits[name]
+    train = splits.get(cfg.train_split)
+    if train is None or cfg.carve_valid < 1 or cfg.carve_valid >= len(train):
+        raise DataError(
+            f"dataset '{cfg.hf_path}' has no split {cfg.valid_split!r} (its splits: "
+            f"{', '.join(splits)}) to validate on, and data.carve_valid={cfg.carve_valid} pairs "
+            f"cannot be carved from its {cfg.train_split!r} split"
+        )
+    order = np.random.default_rng(cfg.seed).permutation(len(train))
+    carved, kept = np.sort(order[: cfg.carve_valid]), np.sort(order[cfg.carve_valid :])
+    if split == "valid":
+        log.info(
+            "no %r split in %s: %d of %d train pairs carved out as the valid split (seed %d)",
+            cfg.valid_split,
+            cfg.hf_path,
+            len(carved),
+            len(train),
+            cfg.seed,
+        )
+    return train.select(carved if split == "valid" else kept)
 
 
-def load_hf_split(path: str, config: str | None, split: str):
-    """One split as a memory-mapped Arrow dataset (downloaded once into the HF cache)."""
+def data_files_key(cfg: DataConfig) -> tuple[tuple[str, str], ...]:
+    """data.hf_data_files as a hashable key."""
+    return tuple(sorted((cfg.hf_data_files or {}).items()))
+
+
+@functools.lru_cache(maxsize=4)
+def load_hf_splits(path: str, config: str | None, revision: str | None, data_files: tuple):
+    """Every split of a dataset (memory-mapped Arrow tables, downloaded once into the HF cache):
+    a dataset on the hub (an id, with a revision), a folder written by `save_to_disk`, a local
+    folder of parquet / JSON files, or a builder ('parquet', 'json') with data files (paths or
+    hf:// URLs) per split."""
     import datasets  # imported here: loading it costs a second, and only this source needs it
 
     try:
-        return datasets.load_dataset(path, config, split=split)
+        if (Path(path) / "dataset_dict.json").is_file():
+            return dict(datasets.load_from_disk(path))
+        return dict(
+            datasets.load_dataset(
+                path, config, revision=revision, data_files=dict(data_files) or None
+            )
+        )
     except (ConnectionError, OSError) as error:
         raise DataError(
-            f"cannot load dataset '{path}' ({config}, split {split}) from the Hugging Face hub or "
-            f"the local cache: {error}. Without network access, use local files instead: "
+            f"cannot load dataset '{path}' ({config}) from the Hugging Face hub or the local "
+            f"cache: {error}. Without network access, use local files instead: "
             "data=files data.dir=<folder with {split}.{lang} files>"
         ) from error
 
