@@ -110,7 +110,7 @@ def child_prepare(corpus: str, prepared: str, vocab: str) -> None:
         vocab_size=int(vocab),
         prepared_dir=prepared,
     )
-    data = prepare(cfg, Path(prepared) / "run")
+    data = prepare(cfg)
     stats = json.loads((data.folder / "stats.json").read_text())
     print(
         json.dumps(
@@ -256,7 +256,7 @@ def main() -> None:
             vocab_size=8000,
             prepared_dir=str(workdir / "prepared_m30k"),
         )
-        data = prepare(cfg, workdir / "run_m30k")
+        data = prepare(cfg)
         for budget in (4096, 25_000):
             share = padding_share(data.train.src.lengths, data.train.tgt.lengths, budget)
             print(

@@ -43,7 +43,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -72,7 +71,7 @@ class OursRunner:
     """Our model, trained through the real Trainer."""
 
     def __init__(self, job: TrainJob):
-        self.trainer = Trainer(job, prepare(job.data, Path(job.run_dir)), CPU)
+        self.trainer = Trainer(job, prepare(job.data), CPU)
         self.model = self.trainer.model
         self.label = "transformer_mt"
 
@@ -259,13 +258,13 @@ def compose(args, run_dir: str) -> TrainJob:
         f"data.prepared_dir={run_dir}/prepared",
     ]
     toy = args.data == "toy"
-    overrides += ["data=toy"] if toy else ["data=multi30k_de_en", f"data.dir={args.data}"]
+    overrides += ["data=toy"] if toy else ["data=multi30k_files_de_en", f"data.dir={args.data}"]
     return compose_job("train", overrides)
 
 
 def first_batches(job: TrainJob, count: int) -> tuple[list[Batch], int]:
     """Prepare the corpus (cached for the workers); the epoch's first `count` batches, vocab."""
-    data = prepare(job.data, Path(job.run_dir))
+    data = prepare(job.data)
     tok = data.tokenizers.tgt
     indices = token_batches(
         data.train.src.lengths,
