@@ -115,6 +115,12 @@ def flat_parquet_folder(folder, splits: dict[str, list[tuple[str, str]]]) -> Non
         datasets.Dataset.from_dict(columns).to_parquet(str(folder / f"{split}.parquet"))
 
 
+def local_hf(folder, **settings) -> DataConfig:
+    """The hf source on a local folder, German to English, with `settings` on top."""
+    base = {"hf_config": None, "src_lang": "de", "tgt_lang": "en", "valid_split": "validation"}
+    return DataConfig(source=SourceKind.hf, hf_path=str(folder), **{**base, **settings})
+
+
 def test_flat_language_columns_with_the_multi30k_presets_names_and_splits(tmp_path):
     flat_parquet_folder(
         tmp_path / "m30k", {"train": PAIRS[:30], "validation": PAIRS[30:35], "test": PAIRS[35:]}
@@ -128,16 +134,7 @@ def test_flat_language_columns_with_the_multi30k_presets_names_and_splits(tmp_pa
 
 def test_a_dataset_without_a_valid_split_gets_one_carved_from_train(tmp_path, caplog):
     flat_parquet_folder(tmp_path / "d", {"train": PAIRS[:35], "test": PAIRS[35:]})
-    cfg = DataConfig(
-        source=SourceKind.hf,
-        hf_path=str(tmp_path / "d"),
-        hf_config=None,
-        src_lang="de",
-        tgt_lang="en",
-        valid_split="validation",
-        carve_valid=6,
-        seed=3,
-    )
+    cfg = local_hf(tmp_path / "d", carve_valid=6, seed=3)
     with caplog.at_level(logging.INFO, logger="transformer_mt.data.sources"):
         valid = list(read_pairs(cfg, "valid"))
     train = list(read_pairs(cfg, "train"))
@@ -157,15 +154,8 @@ def test_a_save_to_disk_folder_and_named_columns(tmp_path):
     datasets.DatasetDict({"train": table, "dev": table.select(range(5))}).save_to_disk(
         str(tmp_path / "saved")
     )
-    cfg = DataConfig(
-        source=SourceKind.hf,
-        hf_path=str(tmp_path / "saved"),
-        hf_config=None,
-        src_lang="de",
-        tgt_lang="en",
-        valid_split="dev",
-        hf_src_column="src_text",
-        hf_tgt_column="tgt_text",
+    cfg = local_hf(
+        tmp_path / "saved", valid_split="dev", hf_src_column="src_text", hf_tgt_column="tgt_text"
     )
     assert list(read_pairs(cfg, "train")) == PAIRS
     assert list(read_pairs(cfg, "valid")) == PAIRS[:5]
@@ -173,15 +163,7 @@ def test_a_save_to_disk_folder_and_named_columns(tmp_path):
 
 def test_an_unknown_column_is_named_with_the_columns_that_exist(tmp_path):
     flat_parquet_folder(tmp_path / "d", {"train": PAIRS, "validation": PAIRS[:3]})
-    cfg = DataConfig(
-        source=SourceKind.hf,
-        hf_path=str(tmp_path / "d"),
-        hf_config=None,
-        src_lang="de",
-        tgt_lang="en",
-        valid_split="validation",
-        hf_src_column="german",
-    )
+    cfg = local_hf(tmp_path / "d", hf_src_column="german")
     with pytest.raises(DataError, match=r"no column 'german' \(its columns: en, de\)"):
         list(read_pairs(cfg, "train"))
     cfg = dataclasses.replace(cfg, hf_src_column=None, src_lang="fr")
