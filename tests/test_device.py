@@ -68,3 +68,18 @@ def test_sentencepiece_trains_without_sched_getaffinity(tmp_path, monkeypatch):
     sentences = [s for pair in toy_pairs(300, seed=2) for s in pair]
     tokenizer = train_tokenizer(sentences, tmp_path / "spm.model", vocab_size=400)
     assert tokenizer.vocab_size == 400
+
+
+@pytest.mark.parametrize(
+    ("cuda", "mps", "expected"), [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")]
+)
+def test_auto_prefers_cuda_then_apples_gpu_then_the_cpu_and_says_which(
+    cuda, mps, expected, monkeypatch, caplog
+):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    monkeypatch.setattr(device, "nvidia_smi", lambda: None)
+    with caplog.at_level("INFO", logger="transformer_mt"):
+        assert device.resolve_device("auto").type == expected
+    assert f"device=auto: {expected} (" in caplog.text

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 import re
 import shutil
@@ -14,15 +15,23 @@ import torch
 from transformer_mt.config import Precision
 from transformer_mt.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 def resolve_device(name: str) -> torch.device:
-    """'auto' means CUDA when torch can use it, else the CPU; a machine whose GPUs torch cannot
-    use (nvidia-smi lists them, torch sees none) is an error rather than a silent CPU run."""
+    """'auto' means CUDA when torch can use it, else Apple's GPU (MPS), else the CPU, logged; a
+    machine whose NVIDIA GPUs torch cannot use (nvidia-smi lists them, torch sees none) is an
+    error rather than a silent CPU run."""
     if name == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda")
-        check_no_unusable_gpus(nvidia_smi())
-        return torch.device("cpu")
+            device, why = torch.device("cuda"), torch.cuda.get_device_name()
+        elif torch.backends.mps.is_available():
+            device, why = torch.device("mps"), "Apple GPU through Metal (MPS)"
+        else:
+            check_no_unusable_gpus(nvidia_smi())
+            device, why = torch.device("cpu"), "no CUDA or MPS device visible to torch"
+        log.info("device=auto: %s (%s)", device, why)
+        return device
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         check_no_unusable_gpus(nvidia_smi())

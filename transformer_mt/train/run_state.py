@@ -68,12 +68,13 @@ def check_model_matches(
 
 
 def rng_states(ranks: Ranks, device: torch.device) -> dict[str, list[torch.Tensor]]:
-    """Every rank's RNG states (a collective: all ranks call it)."""
-    states = {"rng_cpu": ranks.gather(torch.get_rng_state())}
+    """Every rank's RNG states: the CPU's and the GPU's (CUDA or MPS) that dropout draws from
+    (a collective: all ranks call it)."""
+    states = {"rng_cpu": ranks.gather(torch.get_rng_state()), "rng_cuda": [], "rng_mps": []}
     if device.type == "cuda":
         states["rng_cuda"] = ranks.gather(torch.cuda.get_rng_state(device))
-    else:
-        states["rng_cuda"] = []
+    elif device.type == "mps":
+        states["rng_mps"] = ranks.gather(torch.mps.get_rng_state())
     return states
 
 
@@ -84,7 +85,10 @@ def restore_rng(state: dict, ranks: Ranks, device: torch.device, seed: int, step
         torch.manual_seed(seed + 1_000_003 * (step + 1) + ranks.rank)
         return False
     torch.set_rng_state(cpu[ranks.rank])
-    cuda = state.get("rng_cuda", [])
-    if device.type == "cuda" and len(cuda) == ranks.world_size:
-        torch.cuda.set_rng_state(cuda[ranks.rank], device)
+    on_device = state.get(f"rng_{device.type}", [])
+    if len(on_device) == ranks.world_size:
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(on_device[ranks.rank], device)
+        elif device.type == "mps":
+            torch.mps.set_rng_state(on_device[ranks.rank])
     return True
