@@ -23,7 +23,7 @@ TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
 endif
 
 .PHONY: help install demo prepare train average eval translate export test bench bench-data \
-	bench-decode fault-drill lint clean
+	bench-decode fault-drill gpu-check lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -77,11 +77,15 @@ bench: $(STAMP) ## training throughput: ours vs transformers' Marian (tokens/s, 
 bench-data: $(STAMP) ## data preparation at WMT scale: pairs/s, peak RSS, padding, shared stores
 	$(BIN)/python scripts/bench_data.py $(ARGS)
 
-bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference, CTranslate2 (RUN=Multi30k run)
+bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference, CTranslate2; tmt-translate on a 10,000-line file (RUN=Multi30k run)
 	$(BIN)/python scripts/bench_decode.py $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
+	$(BIN)/python scripts/bench_translate_file.py $(if $(filter command line,$(origin RUN)),--run $(RUN))
 
 fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters
 	$(BIN)/python scripts/fault_drill.py $(ARGS)
+
+gpu-check: $(STAMP) ## the CUDA path on this GPU in 8 min: tests, speed, BLEU (benchmarks/gpu.txt)
+	@PYTHON=$(BIN)/python bash scripts/gpu_check.sh $(ARGS)
 
 lint: $(STAMP) ## ruff
 	$(BIN)/ruff check transformer_mt tests scripts

@@ -22,6 +22,17 @@ small machine), and each system's fastest round is reported, with the load avera
 (the machine is shared). Every
 output is scored with sacreBLEU. Parity: greedy outputs of ours and of CTranslate2 float32,
 token for token, and their BLEU difference.
+
+Without a trained model (what `make gpu-check` runs, scripts/gpu_check.py):
+
+    python scripts/bench_decode.py --generated 3000 --model base --device cuda
+
+times the same beam search on generated sentences of WMT14 length (scripts/bench_train.py's
+generator) with a random-weight model of the --model preset: ours in float32 (and under bf16
+autocast on a GPU) against CTranslate2 float32 and float16 (int8 on the CPU), all in one process,
+each after a warm-up, through the same Translator batches. Random weights rarely choose EOS, so
+nearly every hypothesis runs to its length limit (source + 50): the search's worst case, and the
+same number of steps for both; no BLEU.
 """
 
 from __future__ import annotations
@@ -39,18 +50,23 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from transformer_mt.config import DecodeConfig, Strategy
+from transformer_mt.config import DecodeConfig, Strategy, compose_job
 from transformer_mt.data.sources import read_pairs
+from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
 from transformer_mt.decode.ctranslate2_backend import (
+    CTranslate2Search,
     export_model,
     import_ctranslate2,
     translator_from_export,
 )
-from transformer_mt.decode.translator import Translator
+from transformer_mt.decode.translator import ModelSearch, Translator
+from transformer_mt.errors import TransformerMTError
 from transformer_mt.metrics import sacrebleu_scores
+from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decode"))
@@ -141,9 +157,24 @@ def main() -> None:
     parser.add_argument(
         "--reference-sentences", type=int, default=100, help="the reference is timed on these"
     )
+    parser.add_argument(
+        "--generated",
+        type=int,
+        default=0,
+        help="time this many generated WMT-length sentences with a random-weight --model "
+        "instead (no run folder, no BLEU)",
+    )
+    parser.add_argument("--model", default="base", help="--generated: the model preset")
+    parser.add_argument("--vocab", type=int, default=37000, help="--generated: vocabulary size")
+    parser.add_argument("--device", default="cpu", help="--generated: cpu, cuda or cuda:N")
     parser.add_argument("--time-one", help=argparse.SUPPRESS)  # a timed run's own process
     parser.add_argument("--export", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.generated:
+        torch.set_num_threads(args.threads)
+        with tempfile.TemporaryDirectory(prefix="bench_decode_") as folder:
+            benchmark_generated(args, Path(folder) / "ctranslate2")
+        return
     if args.time_one:
         torch.set_num_threads(args.threads)
         pairs = list(read_pairs(RunDir(args.run).data_config(), "test"))
@@ -267,6 +298,107 @@ def report_parity(ours: Translator, theirs: Translator, sources, references, bea
 
 def verdict(met: bool) -> str:
     return "met" if met else "NOT met"
+
+
+# ---- --generated: random weights, generated sources, on any device ------------------------------
+def benchmark_generated(args, folder: Path) -> None:
+    """Beam search sentences/s on generated sources: ours and CTranslate2 on args.device."""
+    from bench_train import GeneratedVocabulary, generated_pairs  # scripts/, beside this file
+
+    device = torch.device(args.device)
+    torch.manual_seed(1)
+    model_cfg = compose_job("train", [f"model={args.model}", "run_dir=unused"]).model
+    model = Transformer(model_cfg, vocab_size=args.vocab, pad_id=PAD_ID).to(device).eval()
+    generated = generated_pairs(args.generated, args.vocab, seed=2).src
+    sources = [generated[i].tolist() for i in range(len(generated))]
+    vocabulary = GeneratedVocabulary(args.vocab)
+    tokenizers = Tokenizers(vocabulary, vocabulary)
+    ours = Translator(ModelSearch(model, device), tokenizers, PAPER)
+    systems = {"(a) ours, float32": ours.translate_ids}
+    if device.type == "cuda":
+        systems["(a) ours, bf16 autocast"] = autocast(ours.translate_ids, device)
+    print(
+        f"# generated: {len(sources)} sentences of WMT14 length (mean "
+        f"{sum(map(len, sources)) / len(sources):.1f} pieces), {args.vocab:,}-piece vocabulary; "
+        f"model={args.model} with random weights ({sum(p.numel() for p in model.parameters()):,} "
+        f"parameters) on {device_name(device)}"
+    )
+    print(
+        f"# torch {torch.__version__}; beam {PAPER.beam_size}, length penalty "
+        f"{PAPER.length_penalty}, max length source + {PAPER.max_len_b}, batches of "
+        f"{PAPER.batch_tokens} source tokens (ours and CTranslate2 alike)"
+    )
+    systems |= ctranslate2_systems(model, tokenizers, folder, device, args.threads)
+    outputs = {}
+    for name, translate in systems.items():
+        try:
+            translate(sources[:64])  # warm-up: first calls allocate, load kernels
+            seconds, outputs[name], load = timed(translate, sources)
+        except RuntimeError as error:  # CTranslate2 loads CUDA libraries at its first call
+            print(f"  {name:34s} failed: {str(error).splitlines()[0]}")
+            continue
+        print(speed_row(name, outputs[name], seconds, load))
+    ct2_fp32 = outputs.get("(c) CTranslate2 float32")
+    if ct2_fp32 is not None:
+        same = sum(a == b for a, b in zip(outputs["(a) ours, float32"], ct2_fp32, strict=True))
+        print(f"  CTranslate2 float32 output = ours float32 on {same} of {len(sources)} sentences")
+
+
+def autocast(translate: Callable, device: torch.device) -> Callable:
+    def under_autocast(sources):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            return translate(sources)
+
+    return under_autocast
+
+
+def ctranslate2_systems(model, tokenizers, folder: Path, device: torch.device, threads: int):
+    """name -> translate_ids of CTranslate2 over the exported `model` ({} without ctranslate2)."""
+    try:
+        ctranslate2 = import_ctranslate2()
+    except TransformerMTError as error:
+        print(f"  CTranslate2 not timed: {error}")
+        return {}
+    print(f"# ctranslate2 {ctranslate2.__version__}")
+    export_model(
+        model,
+        SimpleNamespace(src=tokenizers.src, tgt=tokenizers.tgt, files=[]),
+        folder,
+        unicode_form=None,
+    )
+    types = ("float32", "float16") if device.type == "cuda" else ("float32", "int8")
+    systems = {}
+    for compute_type in types:
+        try:
+            engine = ctranslate2.Translator(
+                str(folder),
+                device=device.type,
+                device_index=device.index or 0,
+                compute_type=compute_type,
+                intra_threads=threads,
+            )
+        except (RuntimeError, ValueError) as error:
+            print(f"  (c) CTranslate2 {compute_type} on {device}: {str(error).splitlines()[0]}")
+            continue
+        backend = CTranslate2Search(engine, tokenizers, max_positions=model.positions.shape[0])
+        translator = Translator(backend, tokenizers, PAPER)
+        systems[f"(c) CTranslate2 {compute_type}"] = translator.translate_ids
+    return systems
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{device} ({torch.cuda.get_device_name(device)})"
+    return f"the CPU ({torch.get_num_threads()} threads)"
+
+
+def speed_row(name: str, outputs: list[list[int]], seconds: float, load) -> str:
+    pieces = sum(len(o) + 1 for o in outputs)  # + EOS
+    return (
+        f"  {name:34s} {len(outputs):5d} {seconds:8.2f} s {len(outputs) / seconds:8.1f} sent/s"
+        f" {pieces / seconds:9,.0f} pieces/s  mean output {pieces / len(outputs):5.1f} pieces"
+        f"  load {load[0]:.2f} -> {load[1]:.2f}"
+    )
 
 
 if __name__ == "__main__":

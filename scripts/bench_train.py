@@ -29,6 +29,21 @@ spike in one block. The machine's load average is printed: other work on the cor
 Reported per model: target tokens/s and GFLOP/s over the timed steps, peak RSS of its process and
 how much the training steps raised that peak above the set-up (model, optimizer, imports) one.
 The FLOP count (transformer_mt/train/flops.py) is the usual matmul estimate, the same for both.
+
+On a GPU (what `make gpu-check` runs, scripts/gpu_check.py):
+
+    python scripts/bench_train.py --device cuda --data generated --model base --vocab 37000 \
+        --batch-tokens 32768 --update-tokens 25000 --warmup 2 --steps 15 --block 5 [--compile]
+
+--data generated: WMT-like sentence pairs of random pieces (roughly WMT14 en-de's lengths, ids
+Zipf-distributed over --vocab pieces: what a batch costs does not depend on which pieces it
+holds), no corpus or tokenizer needed. --update-tokens: target tokens per update, split into
+micro-batches of at most --batch-tokens padded tokens as the trainer plans them
+(trainer.global_batch_tokens); without it an update is one batch of --batch-tokens.
+--precision: autocast as trainer.precision (auto: bf16 on a GPU, fp32 on the CPU), for both
+models. The GPU report gives TFLOP/s, model FLOPs utilisation against the GPU's dense bf16 peak
+(flops.py), and peak GPU memory (allocated by torch) instead of RSS. Each timed block ends with a
+device synchronisation.
 """
 
 from __future__ import annotations
@@ -43,22 +58,26 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
+import numpy as np
 import torch
 
-from transformer_mt.config import ModelConfig, TrainJob, compose_job
-from transformer_mt.data.batching import Batch, collate, token_batches
-from transformer_mt.data.prepare import prepare
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.device import autocast_for
+from transformer_mt.config import ModelConfig, Precision, TrainJob, compose_job
+from transformer_mt.data.batching import Batch, collate, plan_batches, token_batches
+from transformer_mt.data.prepare import PreparedData, prepare
+from transformer_mt.data.store import ParallelTokens, TokenArray
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
+from transformer_mt.device import autocast_dtype, autocast_for
 from transformer_mt.model import count_parameters
-from transformer_mt.train.flops import step_flops
+from transformer_mt.train.flops import PEAK_BF16_FLOPS, peak_flops, step_flops
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.trainer import Trainer
 
 OURS, MARIAN, MARIAN_EAGER = "ours", "marian", "marian eager-attn"
 CPU = torch.device("cpu")
+GENERATED_PAIRS = 120_000  # --data generated: the pool the length-sorted batches are cut from
 
 
 def peak_rss_mb() -> float:
@@ -66,18 +85,66 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# ---- generated WMT-like data -------------------------------------------------------------------
+class GeneratedVocabulary:
+    """Stands in for a SentencePiece model where only the vocabulary is read (the Trainer's
+    vocabulary size, CTranslate2's export): '<pad>' '<unk>' '<s>' '</s>' at ids 0-3, then pieces
+    'p4', 'p5', ..."""
+
+    def __init__(self, size: int):
+        self.vocab_size = size
+        self.path = Path(f"generated-{size}")
+        self.processor = self  # id_to_piece, as SentencePieceProcessor spells it
+
+    def id_to_piece(self, index: int) -> str:
+        return ("<pad>", "<unk>", "<s>", "</s>")[index] if index < 4 else f"p{index}"
+
+
+def generated_lengths(count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Source and target lengths in pieces, roughly WMT14 en-de's under a 37k BPE: sources
+    log-normal around a median of 24 (mean about 29, a long tail cut at 250, the default
+    data.max_tokens_per_sentence), targets about 5% longer with a spread of their own."""
+    src = np.clip(np.rint(rng.lognormal(np.log(24.0), 0.6, count)), 1, 250).astype(np.int64)
+    tgt = np.clip(np.rint(src * rng.lognormal(np.log(1.05), 0.2, count)), 1, 250).astype(np.int64)
+    return src, tgt
+
+
+def generated_pieces(lengths: np.ndarray, vocab_size: int, rng: np.random.Generator) -> TokenArray:
+    """Sentences of the given lengths, piece ids drawn Zipf-like (p ~ 1 / rank) from 4..vocab-1."""
+    ids = np.arange(4, vocab_size)
+    weights = 1.0 / np.arange(1, len(ids) + 1)
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = rng.choice(ids, size=int(offsets[-1]), p=weights / weights.sum()).astype(np.int32)
+    return TokenArray(tokens, offsets)
+
+
+def generated_pairs(count: int, vocab_size: int, seed: int) -> ParallelTokens:
+    rng = np.random.default_rng(seed)
+    src_lengths, tgt_lengths = generated_lengths(count, rng)
+    src = generated_pieces(src_lengths, vocab_size, rng)
+    return ParallelTokens(src, generated_pieces(tgt_lengths, vocab_size, rng))
+
+
+def generated_data(vocab_size: int, folder: Path) -> PreparedData:
+    """A prepared corpus of GENERATED_PAIRS generated pairs (no valid split is read here)."""
+    vocabulary = GeneratedVocabulary(vocab_size)
+    train = generated_pairs(GENERATED_PAIRS, vocab_size, seed=1)
+    return PreparedData(Tokenizers(vocabulary, vocabulary), train=train, valid=train, folder=folder)
+
+
 # ---- the two models' training steps ------------------------------------------------------------
 class OursRunner:
     """Our model, trained through the real Trainer."""
 
-    def __init__(self, job: TrainJob):
-        self.trainer = Trainer(job, prepare(job.data), CPU)
+    def __init__(self, job: TrainJob, data: PreparedData, device: torch.device):
+        self.trainer = Trainer(job, data, device)
         self.model = self.trainer.model
         self.label = "transformer_mt"
 
-    def step(self, batch: Batch) -> float:
-        """One update; the mean label-smoothed loss per target token."""
-        return float(self.trainer.train_step([batch]).loss)
+    def step(self, batches: list[Batch]) -> torch.Tensor:
+        """One update; the mean label-smoothed loss per target token (on the device)."""
+        return self.trainer.train_step(batches).loss
 
 
 def marian_config(model: ModelConfig, vocab_size: int, attention: str = "sdpa"):
@@ -123,13 +190,16 @@ def drop_attention_biases(marian: torch.nn.Module) -> None:
 class MarianRunner:
     """transformers' MarianMTModel with Trainer.train_step's update, step for step."""
 
-    def __init__(self, job: TrainJob, vocab_size: int, attention: str = "sdpa"):
+    def __init__(
+        self, job: TrainJob, vocab_size: int, device: torch.device, attention: str = "sdpa"
+    ):
         import transformers
 
         transformers.logging.set_verbosity_error()
-        self.cfg = job
+        self.cfg, self.device = job, device
         self.model = transformers.MarianMTModel(marian_config(job.model, vocab_size, attention))
         drop_attention_biases(self.model)
+        self.model.to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.forward = self.model
         if job.trainer.compile:  # as Trainer does with trainer.compile=true
@@ -150,45 +220,78 @@ class MarianRunner:
         )
         self.label = f"transformers {transformers.__version__}"
 
-    def step(self, batch: Batch) -> float:
-        """One update; the mean label-smoothed loss per target token."""
+    def step(self, batches: list[Batch]) -> torch.Tensor:
+        """One update over the micro-batches; the mean label-smoothed loss per target token."""
         self.model.train()
-        with autocast_for(CPU, self.cfg.trainer.precision):
-            logits = self.forward(
-                input_ids=batch.src,
-                attention_mask=batch.src != PAD_ID,
-                decoder_input_ids=batch.tgt_in,
-                decoder_attention_mask=batch.tgt_in != PAD_ID,
-                use_cache=False,
-            ).logits  # (B, T, V)
-        sums = label_smoothed_loss(
-            logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
-        )
-        (sums.loss / batch.n_tgt_tokens).backward()
+        total_tokens = sum(batch.n_tgt_tokens for batch in batches)
+        loss_sum = torch.zeros((), device=self.device)
+        for batch in batches:
+            batch = batch.to(self.device)
+            with autocast_for(self.device, self.cfg.trainer.precision):
+                logits = self.forward(
+                    input_ids=batch.src,
+                    attention_mask=batch.src != PAD_ID,
+                    decoder_input_ids=batch.tgt_in,
+                    decoder_attention_mask=batch.tgt_in != PAD_ID,
+                    use_cache=False,
+                ).logits  # (B, T, V)
+            sums = label_smoothed_loss(
+                logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
+            )
+            (sums.loss / total_tokens).backward()
+            loss_sum += sums.loss.detach()
         clip = self.cfg.optim.clip_norm
         torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else math.inf)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return float(sums.loss.detach()) / batch.n_tgt_tokens
+        return loss_sum / total_tokens
 
 
 # ---- one process per model -----------------------------------------------------------------------
-def worker(kind: str, job: TrainJob, vocab_size: int, batches: list[Batch], threads: int, conn):
-    """Build one model, then run the batch indices the parent sends, timing each block."""
+def gpu_memory_gib(device: torch.device) -> float | None:
+    """The most memory torch has allocated on the GPU so far (None on the CPU)."""
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+
+
+def worker(
+    kind: str,
+    job: TrainJob,
+    data: PreparedData | None,
+    vocab_size: int,
+    steps: list[list[Batch]],
+    threads: int,
+    device: torch.device,
+    conn,
+):
+    """Build one model, then run the update indices the parent sends, timing each block (up to
+    the device's last kernel). `data`: None prepares (reads the cache of) the job's corpus."""
     torch.set_num_threads(threads)
     torch.manual_seed(job.trainer.seed)
+    if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
+        steps = [[batch.pin_memory() for batch in step] for step in steps]
     if kind == OURS:
-        runner = OursRunner(job)
+        runner = OursRunner(job, data if data is not None else prepare(job.data), device)
     else:
-        runner = MarianRunner(job, vocab_size, "eager" if kind == MARIAN_EAGER else "sdpa")
-    setup_mb = peak_rss_mb()
+        attention = "eager" if kind == MARIAN_EAGER else "sdpa"
+        runner = MarianRunner(job, vocab_size, device, attention)
+    setup_mb, setup_gib = peak_rss_mb(), gpu_memory_gib(device)
     conn.send({"label": runner.label, "parameters": count_parameters(runner.model)})
     while (indices := conn.recv()) is not None:
         started = time.perf_counter()
-        losses = [runner.step(batches[i]) for i in indices]
+        losses = [runner.step(steps[i]) for i in indices]
+        losses = [float(loss) for loss in losses]  # waits for the device
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         conn.send({"seconds": time.perf_counter() - started, "losses": losses})
-    conn.send({"setup_mb": setup_mb, "peak_mb": peak_rss_mb()})
+    conn.send(
+        {
+            "setup_mb": setup_mb,
+            "peak_mb": peak_rss_mb(),
+            "gpu_setup_gib": setup_gib,
+            "gpu_peak_gib": gpu_memory_gib(device),
+        }
+    )
 
 
 @dataclass
@@ -200,6 +303,7 @@ class Column:
     conn: object
     info: dict
     block_seconds: list[float] = field(default_factory=list)
+    warmup_seconds: float = 0.0
     tokens: int = 0
     flops: float = 0.0
     loss: float = 0.0  # token-weighted sum of the timed steps' mean losses
@@ -216,32 +320,36 @@ class Column:
             raise RuntimeError(f"the {self.kind} worker died (its traceback is above)") from None
 
 
-def start(kind: str, job: TrainJob, vocab_size: int, batches: list[Batch], threads: int) -> Column:
+def start(kind: str, job: TrainJob, data, vocab_size: int, steps, args) -> Column:
     context = mp.get_context("spawn")
     parent_end, child_end = context.Pipe()
+    device = torch.device(args.device)
     process = context.Process(
-        target=worker, args=(kind, job, vocab_size, batches, threads, child_end), daemon=True
+        target=worker,
+        args=(kind, job, data, vocab_size, steps, args.threads, device, child_end),
+        daemon=True,
     )
     process.start()
     child_end.close()  # so that recv() raises EOFError if the worker dies
     return Column(kind, process, parent_end, info={})
 
 
-def run_blocks(columns: list[Column], batches: list[Batch], flops: list[float], args) -> None:
-    """Warm-up on the first batches, then alternate timed blocks (ABBA) over the rest."""
+def run_blocks(columns: list[Column], steps: list[list[Batch]], flops: list[float], args) -> None:
+    """Warm-up on the first updates, then alternate timed blocks (ABBA) over the rest."""
     for column in columns:
         column.info = column.conn.recv()  # sent once the model is built
-        column.ask(list(range(args.warmup)))
-    timed = list(range(args.warmup, len(batches)))
+        column.warmup_seconds = column.ask(list(range(args.warmup)))["seconds"]
+    timed = list(range(args.warmup, len(steps)))
     blocks = [timed[i : i + args.block] for i in range(0, len(timed), args.block)]
     for number, block in enumerate(blocks):
         for column in columns if number % 2 == 0 else columns[::-1]:
             result = column.ask(block)
             column.block_seconds.append(result["seconds"])
             for i, loss in zip(block, result["losses"], strict=True):
-                column.tokens += batches[i].n_tgt_tokens
+                tokens = sum(batch.n_tgt_tokens for batch in steps[i])
+                column.tokens += tokens
                 column.flops += flops[i]
-                column.loss += loss * batches[i].n_tgt_tokens
+                column.loss += loss * tokens
     for column in columns:
         column.info |= column.ask(None)
         column.process.join()
@@ -257,27 +365,30 @@ def compose(args, run_dir: str) -> TrainJob:
         "trainer.progress_bar=false",
         f"data.prepared_dir={run_dir}/prepared",
     ]
-    toy = args.data == "toy"
+    toy = args.data in ("toy", "generated")  # generated data needs no data settings
     overrides += ["data=toy"] if toy else ["data=multi30k_files_de_en", f"data.dir={args.data}"]
     return compose_job("train", overrides)
 
 
-def first_batches(job: TrainJob, count: int) -> tuple[list[Batch], int]:
-    """Prepare the corpus (cached for the workers); the epoch's first `count` batches, vocab."""
-    data = prepare(job.data)
-    tok = data.tokenizers.tgt
-    indices = token_batches(
-        data.train.src.lengths,
-        data.train.tgt.lengths,
-        job.trainer.batch_tokens,
-        seed=job.trainer.seed,
-        epoch=0,
-    )[:count]
+def first_steps(job: TrainJob, data: PreparedData, count: int, update_tokens: int | None):
+    """The epoch's first `count` updates, each a list of collated micro-batches: one batch of
+    trainer.batch_tokens, or (update_tokens) the trainer's plan for that many target tokens."""
+    lengths = data.train.src.lengths, data.train.tgt.lengths
+    budget, accumulation = job.trainer.batch_tokens, 1
+    if update_tokens:
+        plan = plan_batches(
+            *lengths,
+            global_target_tokens=update_tokens,
+            max_batch_tokens=budget,
+            world_size=1,
+        )
+        budget, accumulation = plan.micro_batch_tokens, plan.accumulation
+    indices = token_batches(*lengths, budget, seed=job.trainer.seed, epoch=0)
     collated = [
-        collate(data.train, b, pad_id=tok.pad_id, bos_id=tok.bos_id, eos_id=tok.eos_id)
-        for b in indices
+        collate(data.train, b, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+        for b in indices[: count * accumulation]
     ]
-    return collated, tok.vocab_size
+    return [collated[i : i + accumulation] for i in range(0, len(collated), accumulation)]
 
 
 def speed_ratios(ours: Column, marian: Column) -> str:
@@ -294,19 +405,34 @@ def speed_ratios(ours: Column, marian: Column) -> str:
     )
 
 
-def matmul_rate(model: ModelConfig, vocab_size: int, tokens: int, threads: int) -> float:
+def matmul_rate(
+    model: ModelConfig,
+    vocab_size: int,
+    tokens: int,
+    threads: int,
+    device: torch.device = CPU,
+    dtype: torch.dtype = torch.float32,
+) -> float:
     """FLOP/s of torch.mm alone on this step's largest shapes (the output projection and the
     feed-forward layers over a batch's tokens): what a model made only of matmuls would reach."""
     torch.set_num_threads(threads)
-    x = torch.randn(tokens, model.d_model)
-    weights = [torch.randn(model.d_model, vocab_size), torch.randn(model.d_model, model.d_ff)]
+    x = torch.randn(tokens, model.d_model, device=device, dtype=dtype)
+    weights = [
+        torch.randn(model.d_model, size, device=device, dtype=dtype)
+        for size in (vocab_size, model.d_ff)
+    ]
     for w in weights:
         x @ w  # warm-up
+    repeats = 5 if device.type == "cpu" else 50
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     started, flops = time.perf_counter(), 0.0
-    for _ in range(5):
+    for _ in range(repeats):
         for w in weights:
             x @ w
             flops += 2.0 * tokens * w.shape[0] * w.shape[1]
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
     return flops / (time.perf_counter() - started)
 
 
@@ -344,6 +470,62 @@ def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, pe
         print(f"  ours / {marian.kind}: {speed_ratios(columns[0], marian)} target tokens/s")
 
 
+def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: str, mm_rate: float):
+    """The report on a GPU: TFLOP/s, MFU against the GPU's dense bf16 peak, GPU memory."""
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "a CPU rehearsal"
+    timed = steps[args.warmup :]
+    tokens = [sum(b.n_tgt_tokens for b in step) for step in timed]
+    padding = statistics.mean(b.padding_ratio for step in timed for b in step)
+    compiled = "torch.compile (" + ", ".join(c.kind for c in columns) + ")"
+    print(
+        f"model={args.model} vocab={vocab_size} data={args.data} device={device} ({name}) "
+        f"{precision} {compiled if args.compile else 'eager'}"
+    )
+    print(
+        f"  updates: {len(timed[0])} micro-batch(es) of at most {max_padded(timed):,} padded "
+        f"tokens; {statistics.mean(tokens):,.0f} target tokens per update on average "
+        f"({min(tokens):,}-{max(tokens):,}), padding {padding:.1%}"
+    )
+    print(
+        f"  {args.warmup} warm-up + {len(timed)} timed updates each, alternating blocks of "
+        f"{args.block} (ABBA), same batches, one process per model; torch {torch.__version__}"
+    )
+    peak = peak_flops(name)
+    print(
+        f"  {'':34} {'params':>11} {'tgt tok/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'s/update':>8} "
+        f"{'loss':>6} {'warm-up':>8} {'peak GPU':>9} {'train +GPU':>10}"
+    )
+    for c in columns:
+        info, flops_per_s = c.info, c.flops / c.seconds
+        mfu = f"{flops_per_s / peak:.1%}" if peak else "-"
+        peak_gib, setup_gib = info["gpu_peak_gib"] or 0.0, info["gpu_setup_gib"] or 0.0
+        print(
+            f"  {c.kind + ' (' + info['label'] + ')':34} {info['parameters']:>11,} "
+            f"{c.tokens / c.seconds:>10,.0f} {flops_per_s / 1e12:>8.1f} {mfu:>6} "
+            f"{c.seconds / len(timed):>8.3f} {c.loss / c.tokens:>6.3f} "
+            f"{c.warmup_seconds:>6.1f} s {peak_gib:>5.1f} GiB {peak_gib - setup_gib:>6.1f} GiB"
+        )
+    known = next((key for key in PEAK_BF16_FLOPS if key in name), None)
+    print(
+        f"  MFU: model FLOPs/s (flops.py's count) over {peak / 1e12:.0f} TFLOP/s, the dense bf16 "
+        f"peak listed for '{known}' in transformer_mt/train/flops.py"
+        if peak
+        else f"  MFU: no dense bf16 peak is listed for '{name}' in transformer_mt/train/flops.py"
+    )
+    print(
+        f"  for scale: torch.mm in {precision} on the output-projection and feed-forward shapes "
+        f"of {max_padded(timed):,} tokens runs at {mm_rate / 1e12:.0f} TFLOP/s here"
+    )
+    for marian in columns[1:]:
+        print(f"  ours / {marian.kind}: {speed_ratios(columns[0], marian)} target tokens/s")
+
+
+def max_padded(steps: list[list[Batch]]) -> int:
+    """The largest padded size (batch x longer side) of the micro-batches."""
+    return max(b.src.shape[0] * max(b.src.shape[1], b.tgt_in.shape[1]) for s in steps for b in s)
+
+
 def marian_available(args) -> bool:
     if args.no_marian:
         return False
@@ -356,19 +538,33 @@ def marian_available(args) -> bool:
     return True
 
 
-def main() -> None:
+def parse_args():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="small")
     parser.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--batch-tokens", type=int, default=4096)
+    parser.add_argument(
+        "--update-tokens",
+        type=int,
+        help="target tokens per update, in micro-batches of at most --batch-tokens padded "
+        "tokens (the trainer's plan for trainer.global_batch_tokens); default: one batch",
+    )
     parser.add_argument("--steps", type=int, default=60, help="timed steps per model")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     parser.add_argument(
         "--block", type=int, default=1, help="timed steps per turn (1: alternate every step)"
     )
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument(
+        "--precision",
+        choices=["auto", "fp32", "bf16"],
+        default="auto",
+        help="autocast of both models, as trainer.precision (auto: bf16 on a GPU, else fp32)",
+    )
+    parser.add_argument("--gpu-report", action="store_true", help=argparse.SUPPRESS)  # on a CPU
     parser.add_argument("--no-marian", action="store_true", help="time our model only")
     parser.add_argument(
         "--marian-eager",
@@ -383,26 +579,45 @@ def main() -> None:
     parser.add_argument(
         "--data",
         default="toy",
-        help="'toy' (the embedded corpus, the default) or a folder with train.de / train.en "
-        "(Multi30k layout, as benchmarks/train_speed.txt was measured)",
+        help="'toy' (the embedded corpus, the default), 'generated' (WMT-like random pairs of "
+        "--vocab pieces), or a folder with train.de / train.en (Multi30k layout, as "
+        "benchmarks/train_speed.txt was measured)",
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    device = torch.device(args.device)
     kinds = [OURS, MARIAN] if marian_available(args) else [OURS]
     if args.marian_eager and len(kinds) == 2:
         kinds.append(MARIAN_EAGER)
     with tempfile.TemporaryDirectory() as run_dir:
         job = compose(args, run_dir)
         job.trainer.compile = args.compile
-        batches, vocab_size = first_batches(job, args.warmup + args.steps)
+        job.trainer.precision = Precision(args.precision)
+        generated = args.data == "generated"
+        data = generated_data(args.vocab, Path(run_dir)) if generated else prepare(job.data)
+        vocab_size = data.tokenizers.tgt.vocab_size
+        steps = first_steps(job, data, args.warmup + args.steps, args.update_tokens)
         flops = [
-            step_flops(job.model, vocab_size, *b.src.shape, b.tgt_in.shape[1]) for b in batches
+            sum(step_flops(job.model, vocab_size, *b.src.shape, b.tgt_in.shape[1]) for b in step)
+            for step in steps
         ]
         load_before = os.getloadavg()[0]
-        columns = [start(kind, job, vocab_size, batches, args.threads) for kind in kinds]
-        run_blocks(columns, batches, flops, args)
+        worker_data = data if generated else None  # the workers read the prepared corpus's cache
+        columns = [start(kind, job, worker_data, vocab_size, steps, args) for kind in kinds]
+        run_blocks(columns, steps, flops, args)
     loads = (load_before, os.getloadavg()[0])
-    peak = matmul_rate(job.model, vocab_size, args.batch_tokens, args.threads)
-    report(columns, args, vocab_size, len(batches) - args.warmup, loads, peak)
+    if device.type == "cpu" and not args.gpu_report:
+        peak = matmul_rate(job.model, vocab_size, args.batch_tokens, args.threads)
+        report(columns, args, vocab_size, len(steps) - args.warmup, loads, peak)
+        return
+    dtype = autocast_dtype(device, job.trainer.precision) or torch.float32
+    tokens = max_padded(steps[args.warmup :])
+    mm_rate = matmul_rate(job.model, vocab_size, tokens, args.threads, device, dtype)
+    precision = "bf16 autocast" if dtype == torch.bfloat16 else "fp32"
+    gpu_report(columns, args, vocab_size, steps, precision, mm_rate)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# make gpu-check: the CUDA path in one command of at most 8 minutes (scripts/gpu_check.py says
+# what it measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's output in
+# GPU_CHECK_LOG. Without a CUDA GPU it says so in one line and exits 0.
+#
+#   bash scripts/gpu_check.sh                    # python: PYTHON, else .venv/bin/python, else python3
+#   bash scripts/gpu_check.sh --prepare-wheels   # where pip reaches PyPI: fill .whl/ (see below)
+#
+# A machine without a network and without some of our packages (hydra-core, omegaconf, antlr4,
+# ctranslate2: the lent H200 image has torch, transformers, sentencepiece, sacrebleu) gets them as
+# wheels carried in .whl/ at the repository's root: --prepare-wheels downloads them for
+# GPU_CHECK_PYTHON_VERSION (3.12) on manylinux x86-64; this script installs whatever .whl/ holds,
+# without a network, into GPU_CHECK_SITE (a folder of its own, put first on PYTHONPATH).
+set -uo pipefail
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$ROOT" || exit 1
+
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 ctranslate2==4.8.5)
+SDIST_WHEELS=(antlr4-python3-runtime==4.9.3)  # published as source only: built here (pure Python)
+
+if [ -n "${PYTHON:-}" ]; then
+    PY="$PYTHON"
+elif [ -x .venv/bin/python ]; then
+    PY=.venv/bin/python
+else
+    PY=python3
+fi
+
+if [ "${1:-}" = "--prepare-wheels" ]; then
+    version="${GPU_CHECK_PYTHON_VERSION:-3.12}"
+    mkdir -p .whl
+    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclude
+    platforms=()
+    for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
+        manylinux2014_x86_64 manylinux1_x86_64; do
+        platforms+=(--platform "$p")
+    done
+    "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$version" \
+        --implementation cp "${platforms[@]}" -d .whl "${WHEELS[@]}" || exit 1
+    "$PY" -m pip wheel -q --no-deps -w .whl "${SDIST_WHEELS[@]}" || exit 1
+    echo "gpu-check: .whl/ holds $(ls .whl/*.whl | wc -l) wheels, $(du -sh .whl | cut -f1)," \
+        "for Python $version; carry the folder to the GPU machine with the repository"
+    exit 0
+fi
+
+# No GPU: one line, status 0 (a CI-safe dry run); GPUs that torch cannot use: status 1.
+if [ "${1:-}" != "--rehearse-on-cpu" ]; then
+    "$PY" scripts/gpu_check.py --probe
+    case $? in
+        0) ;;
+        3) exit 0 ;;
+        *) exit 1 ;;
+    esac
+fi
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    SITE="${GPU_CHECK_SITE:-${TMPDIR:-/tmp}/gpu_check_site}"
+    echo "gpu-check: installing the $(ls .whl/*.whl | wc -l) wheels of .whl/ into $SITE (no network)"
+    if "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target "$SITE" .whl/*.whl; then
+        export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+    else
+        echo "gpu-check: the wheels of .whl/ do not install here (for another Python?):" \
+            "going on with the packages installed" >&2
+    fi
+fi
+# The repository itself, for a machine where the package is not installed.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+exec "$PY" scripts/gpu_check.py "$@"

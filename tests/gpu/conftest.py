@@ -1,0 +1,52 @@
+"""The CUDA tests (marker `gpu`): collected everywhere, run only where torch sees a GPU
+(`make gpu-check` runs them, scripts/gpu_check.py), skipped elsewhere."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+# cuBLAS is deterministic only with a fixed workspace configuration (torch's reproducibility
+# notes), which it reads when its handle is created: set here, at collection, before any test
+# touches the GPU.
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` are skipped, with the reason, where torch sees no GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="no CUDA GPU visible (torch.cuda.is_available() is False)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def deterministic():
+    """Deterministic kernels, for bitwise comparisons: torch's deterministic variants where an op
+    has one, and the math attention kernel (the fused kernels' backward passes accumulate with
+    atomics in a varying order). Yields the messages of ops that warned they have none."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught, sdpa_kernel(SDPBackend.MATH):
+            warnings.simplefilter("always")
+            yield NondeterministicOps(caught)
+    finally:
+        torch.use_deterministic_algorithms(False)
+
+
+class NondeterministicOps:
+    """The recorded warnings that name an op without a deterministic implementation."""
+
+    def __init__(self, caught: list[warnings.WarningMessage]):
+        self.caught = caught
+
+    def __str__(self) -> str:
+        messages = {str(w.message).splitlines()[0] for w in self.caught}
+        found = sorted(m for m in messages if "deterministic" in m)
+        return "; ".join(found) or "none"
