@@ -27,7 +27,7 @@ def test_truncated(tmp_path):
     save_checkpoint(STATE, tmp_path / "c.pt")
     data = (tmp_path / "c.pt").read_bytes()
     (tmp_path / "c.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+    with pytest.raises(CheckpointError, match="c.pt: truncated or corrupt$"):
         load_checkpoint(tmp_path / "c.pt")
 
 
@@ -47,6 +47,16 @@ def test_arbitrary_pickle_is_refused_not_executed(tmp_path, capsys):
     with pytest.raises(CheckpointError):
         load_checkpoint(tmp_path / "evil.pt")
     assert "this must never run" not in capsys.readouterr().out
+
+
+def test_a_torch_file_of_python_objects_is_named_foreign_in_one_line(tmp_path):
+    torch.save({"model": Arbitrary()}, tmp_path / "objects.pt")
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path / "objects.pt")
+    assert str(error.value) == (
+        f"{tmp_path / 'objects.pt'}: not a transformer_mt checkpoint (it holds Python objects, "
+        "which are never unpickled here)"
+    )
 
 
 def test_failed_write_keeps_previous_checkpoint(tmp_path, monkeypatch):

@@ -79,7 +79,7 @@ def test_average_the_newest_checkpoints_then_evaluate_them(tiny_train_job):
     averaged = torch.load(run_dir / "checkpoints" / "averaged.pt", weights_only=True)
     assert averaged["averaged_from"] == ["step_2.pt", "step_4.pt", "step_6.pt"]
     job = compose_job("eval", [f"run_dir={run_dir}", "checkpoint=averaged.pt", "decode=greedy"])
-    assert evaluate(job).checkpoint == "averaged.pt"
+    assert evaluate(job).checkpoint["checkpoint"].endswith("checkpoints/averaged.pt")
 
     too_many = subprocess.run(
         [str(BIN / "tmt-average"), f"run_dir={run_dir}", "last=9"], capture_output=True, text=True
@@ -105,5 +105,5 @@ def test_a_log_line_every_log_every_updates_and_no_bar_outside_a_terminal(tiny_o
     )
     for step in (2, 4):
         assert re.search(line.format(step), result.stderr, re.MULTILINE), result.stderr
-        assert re.search(line.format(step), (run_dir / "cli.log").read_text(), re.MULTILINE)
+        assert re.search(line.format(step), (run_dir / "train.log").read_text(), re.MULTILINE)
     assert "\r" not in result.stderr  # stderr is a pipe here: no progress bar

@@ -7,7 +7,7 @@ from pathlib import Path
 import transformer_mt
 
 LAYERS = [
-    {"config", "errors", "files", "device"},  # typed configs, errors, atomic files, devices
+    {"config", "errors", "files", "run_lock", "device"},  # configs, errors, files, locks, devices
     {"data"},  # sources, toy corpus, cleaning, SentencePiece, store, batching
     {"model"},  # pure tensors: encode / decode with a KV cache
     {"checkpoint", "run_dir"},  # the checkpoint format; the run folder's layout

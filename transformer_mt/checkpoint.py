@@ -5,6 +5,7 @@ model a checkpoint holds."""
 from __future__ import annotations
 
 import logging
+import pickle
 import re
 from pathlib import Path
 from typing import Any
@@ -38,10 +39,15 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
         raise CheckpointError(f"{path}: checkpoint not found")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as error:  # torch raises many types for truncated / foreign files
-        raise CheckpointError(
-            f"{path}: not a readable checkpoint ({type(error).__name__}: {error})"
-        ) from error
+    except pickle.UnpicklingError as error:
+        if "Weights only load failed" in str(error):  # objects other than tensors and plain data
+            raise CheckpointError(
+                f"{path}: not a transformer_mt checkpoint (it holds Python objects, which are "
+                "never unpickled here)"
+            ) from error
+        raise CheckpointError(f"{path}: truncated or corrupt") from error
+    except Exception as error:  # torch raises many types for truncated or garbled files
+        raise CheckpointError(f"{path}: truncated or corrupt") from error
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a transformer_mt checkpoint (no '{FORMAT}' format tag)")
     missing = [key for key in REQUIRED_KEYS if key not in state]

@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 from tqdm.contrib.logging import logging_redirect_tqdm
 
@@ -75,7 +77,15 @@ def train_main(cfg: DictConfig) -> None:
 
     def task() -> None:
         started = time.perf_counter()
-        checkpoint = train(as_job(cfg, TrainJob))
+        job = as_job(cfg, TrainJob)
+        hydra_cfg = HydraConfig.get()
+        overrides = list(hydra_cfg.overrides.task)
+        if hydra_cfg.mode == RunMode.MULTIRUN and not any(
+            override.lstrip("+~").startswith("run_dir=") for override in overrides
+        ):
+            job.run_dir = hydra_cfg.runtime.output_dir  # each job of a sweep: a folder of its own
+            log.info("sweep job %d: %s in %s", hydra_cfg.job.num, " ".join(overrides), job.run_dir)
+        checkpoint = train(job, overrides)
         log.info(
             "training finished in %.1f min wall time; checkpoint %s",
             (time.perf_counter() - started) / 60,

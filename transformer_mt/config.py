@@ -55,6 +55,7 @@ class Precision(str, Enum):
 class ResumeMode(str, Enum):
     auto = "auto"
     never = "never"
+    force = "force"
 
 
 @dataclass(kw_only=True)
@@ -113,6 +114,10 @@ class DataConfig:
     seed: int = 1
     """Seed of the SentencePiece training sample (part of the prepared data's identity; the
     trainer has its own seed, so a seed sweep shares one prepared corpus)."""
+    spm_model: str | None = None
+    """An existing SentencePiece model to encode with instead of training one: a .model file
+    (shared vocabulary), or a folder holding spm.model, or spm.src.model and spm.tgt.model (a
+    run folder). vocab_size, character_coverage and spm_sample_sentences are then unused."""
     spm_sample_sentences: int = 1_000_000
     """SentencePiece is trained on at most this many randomly sampled sentences."""
     max_tokens_per_sentence: int = 250
@@ -208,7 +213,7 @@ class TrainerConfig:
     num_threads: int = 0
     """CPU threads for torch (0: torch's default)."""
     log_every: int = 50
-    """Updates between log lines (stderr and the run's cli.log: update, epoch, loss, nll, ppl,
+    """Updates between log lines (stderr and the run's train.log: update, epoch, loss, nll, ppl,
     lr, gradient norm, target tokens/s, elapsed training time), TensorBoard scalars and
     progress-bar refreshes."""
     valid_every: int = 1000
@@ -229,10 +234,17 @@ class TrainerConfig:
     """How many step checkpoints to keep besides last.pt and best.pt."""
     resume: ResumeMode = ResumeMode.auto
     """auto: continue from run_dir's newest readable checkpoint when there is one (or from
-    resume_from); never: refuse to start over existing checkpoints."""
+    resume_from), refusing settings that change what is being trained; force: continue with
+    them (the change is recorded in history.jsonl); never: refuse to start over existing
+    checkpoints."""
     resume_from: str | None = None
     """A checkpoint (path) to continue from instead of run_dir's newest: its model, optimizer,
     schedule and data position."""
+    init_from: str | None = None
+    """Fine-tuning: a run folder (its last.pt) or a checkpoint whose model weights start this run;
+    the optimizer, schedule (warm-up included) and update count start afresh, and the parent's
+    SentencePiece model(s) encode this run's data (unless data.spm_model names others). Used
+    by the run's first start; later starts resume the run's own checkpoints."""
     max_nonfinite_updates: int = 10
     """Updates with a non-finite gradient are skipped; stop after this many in a row."""
     progress_bar: bool = True
@@ -550,9 +562,9 @@ def validate_trainer(trainer: TrainerConfig) -> None:
         "no stopping rule: set max_steps, max_epochs or max_time_minutes",
     )
     _require(
-        trainer.resume_from is None or trainer.resume == ResumeMode.auto,
+        trainer.resume_from is None or trainer.resume != ResumeMode.never,
         "trainer.resume_from",
-        f"continues a run: it needs trainer.resume=auto, got {trainer.resume.value}",
+        "continues a run: it needs trainer.resume=auto or force, got never",
     )
 
 

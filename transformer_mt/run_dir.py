@@ -1,18 +1,22 @@
 """The run folder: one training run's configuration, data pointer, tokenizers, checkpoints and
 scores. Every command reads and writes it through `RunDir`, so its layout is written here once:
 
-    config.yaml            the composed configuration of tmt-train (eval reads the data settings)
+    run.lock               held by the one training command that may write the folder
+    config.yaml            the composed configuration of tmt-train's latest start (eval reads the
+                           data settings; a resume is compared with it)
+    history.jsonl          one line per start and per end of tmt-train
     prepared.json          {"folder": the prepared corpus this run trains on}
     spm.model | spm.src.model + spm.tgt.model    copies of the tokenizer(s)
     checkpoints/           step_N.pt, last.pt, best.pt, averaged.pt, exported model folders
     tensorboard/           training and validation scalars
-    cli.log                the log of tmt-train (Hydra's job log): a line every trainer.log_every
+    train.log              the log of tmt-train (rank 0's): a line every trainer.log_every
     hypotheses.SPLIT.txt, scores.SPLIT.json      what tmt-eval translated and measured
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -22,11 +26,15 @@ from transformer_mt.data.prepare import PreparedData, prepare, prepared_folder
 from transformer_mt.data.tokenizer import TOKENIZER_FILES, Tokenizers, load_tokenizers
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.files import copy_atomically, write_text_atomically
+from transformer_mt.run_lock import RunLock
 
 
 class RunDir:
     CONFIG = "config.yaml"
     PREPARED = "prepared.json"
+    HISTORY = "history.jsonl"
+    LOG = "train.log"
+    LOCK = "run.lock"
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -49,11 +57,36 @@ class RunDir:
             return candidate
         return self.checkpoints / name
 
-    # ---- configuration -----------------------------------------------------------------------
+    def lock(self) -> RunLock:
+        """The exclusive lock of a command that writes the folder (RunFolderInUse if held)."""
+        return RunLock(self.path / self.LOCK)
+
+    # ---- configuration and history -----------------------------------------------------------
     def write_config(self, job) -> None:
         """Record the composed configuration (a TrainJob) as config.yaml."""
         self.path.mkdir(parents=True, exist_ok=True)
         write_text_atomically(self.path / self.CONFIG, OmegaConf.to_yaml(OmegaConf.structured(job)))
+
+    def saved_config(self) -> dict | None:
+        """config.yaml as plain values, or None before the run's first start."""
+        config_path = self.path / self.CONFIG
+        if not config_path.is_file():
+            return None
+        return OmegaConf.to_container(OmegaConf.load(config_path))
+
+    def append_history(self, record: dict) -> None:
+        """One JSON line appended to history.jsonl (flushed to disk: it is the run's record)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / self.HISTORY, "a", encoding="utf-8") as history:
+            history.write(json.dumps(record, ensure_ascii=False) + "\n")
+            history.flush()
+            os.fsync(history.fileno())
+
+    def history(self) -> list[dict]:
+        path = self.path / self.HISTORY
+        if not path.is_file():
+            return []
+        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
     def data_config(self) -> DataConfig:
         """The data configuration the run was trained with."""
@@ -74,9 +107,10 @@ class RunDir:
         self.adopt_prepared(data.folder, data.tokenizers)
         return data
 
-    def check_prepared(self, folder: Path) -> None:
+    def check_prepared(self, folder: Path, differences=()) -> None:
         """DataError unless the run is new or was started on the prepared corpus `folder`: a
-        run folder keeps the data (and tokenizer) it was started with."""
+        run folder keeps the data (and tokenizer) it was started with. `differences`: the data
+        settings that changed since the run's start, for the message."""
         record = self.path / self.PREPARED
         if not record.is_file():
             return
@@ -87,10 +121,15 @@ class RunDir:
                 f"{record} is not readable: delete it, and rerun to record the prepared data"
             ) from None
         if previous != folder.name:
+            because = (
+                "".join(f"\n  {difference}" for difference in differences) + "\n"
+                if differences
+                else " (the corpus, or a data or tokenizer setting, changed): "
+            )
             raise DataError(
                 f"{self.path} was prepared as {previous}, but this configuration prepares "
-                f"{folder.name} (the corpus, or a data or tokenizer setting, changed): use a new "
-                "run_dir, or restore the original settings"
+                f"{folder.name}{because}use a new run_dir, restore the original settings, or "
+                f"fine-tune from this run on the new data with trainer.init_from={self.path}"
             )
 
     def adopt_prepared(self, folder: Path, tokenizers: Tokenizers) -> None:
@@ -106,6 +145,9 @@ class RunDir:
 
     def tokenizers(self) -> Tokenizers:
         return load_tokenizers(self.path)
+
+    def has_tokenizer(self) -> bool:
+        return any((self.path / name).is_file() for name in TOKENIZER_FILES)
 
     # ---- evaluation --------------------------------------------------------------------------
     def hypotheses_file(self, split: str) -> Path:

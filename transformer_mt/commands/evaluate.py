@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from omegaconf import OmegaConf
 
 from transformer_mt.config import EvalJob, validate_decode
-from transformer_mt.data.sources import read_pairs
+from transformer_mt.data.sources import corpus_identity, read_pairs
 from transformer_mt.decode.translator import Translator
 from transformer_mt.metrics import (
     SacreBleuScores,
@@ -25,7 +25,8 @@ from transformer_mt.run_dir import RunDir
 class EvalReport:
     split: str
     sentences: int
-    checkpoint: str
+    checkpoint: dict  # path, and the update it was written at
+    data: str  # the corpus the split was read from
     decode: dict  # the decode settings used, as plain values
     decode_seconds: float
     sacrebleu: SacreBleuScores
@@ -34,7 +35,7 @@ class EvalReport:
     def to_json(self) -> dict:
         """The flat record written as scores.SPLIT.json."""
         record = {**dataclasses.asdict(self.sacrebleu), **dataclasses.asdict(self.tokenized)}
-        fields = ("split", "sentences", "checkpoint", "decode", "decode_seconds")
+        fields = ("split", "sentences", "checkpoint", "data", "decode", "decode_seconds")
         record.update({name: getattr(self, name) for name in fields})
         return record
 
@@ -70,7 +71,8 @@ def evaluate(job: EvalJob) -> EvalReport:
     report = EvalReport(
         split=job.split,
         sentences=len(sources),
-        checkpoint=job.checkpoint,
+        checkpoint=translator.origin,
+        data=corpus_identity(data_cfg),
         decode=OmegaConf.to_container(OmegaConf.structured(job.decode), enum_to_str=True),
         decode_seconds=round(seconds, 2),
         sacrebleu=sacrebleu_scores(hypotheses, references),

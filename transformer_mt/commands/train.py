@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import logging
+import socket
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from transformer_mt import __version__
 from transformer_mt.config import TrainJob, validate_train
 from transformer_mt.data.prepare import (
     PreparedData,
@@ -22,20 +27,23 @@ from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
+from transformer_mt.train.start import Start, StartKind, plan_start, use_parent_tokenizer
 from transformer_mt.train.trainer import Trainer
 
 log = logging.getLogger(__name__)
 
 
-def train(cfg: TrainJob) -> Path:
+def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     """Prepare data, train, validate and checkpoint into cfg.run_dir; return the last checkpoint.
-    Under torchrun every rank calls it; rank 0 prepares data and writes files."""
+    Under torchrun every rank calls it; rank 0 holds the run folder's lock, prepares data and
+    writes files. `overrides`: the command line's, for the run's history."""
     validate_train(cfg)
     ranks, device = start_ranks(cfg.trainer.device, cfg.trainer.rank_timeout_minutes)
     if device.type == "cpu":
         keep_freed_host_memory()  # +16% target tokens/s on Multi30k with 2 cores
     try:
-        last = train_ranks(cfg, ranks, device)
+        with RunDir(cfg.run_dir).lock() if ranks.is_main else contextlib.nullcontext():
+            last = train_ranks(cfg, ranks, device, overrides or [])
         # Leave together: a rank that tears its connections down while another is still in its
         # last collectives (rank 0 validates and saves last) can abort that rank at exit.
         ranks.barrier()
@@ -44,51 +52,96 @@ def train(cfg: TrainJob) -> Path:
         stop_ranks(ranks)
 
 
-def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device) -> Path:
+def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device, overrides: list[str]) -> Path:
     run = RunDir(cfg.run_dir)
     # Absolute paths, so that eval and translate find the corpus from any working directory.
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
     if cfg.data.dir is not None:
         cfg.data.dir = str(Path(cfg.data.dir).resolve())
+    use_parent_tokenizer(cfg)
+    # Every check before the first write: a refused command leaves the run folder as it was.
+    start = plan_start(cfg, run, prepared_folder(cfg.data))
+    if not ranks.is_main:
+        logging.getLogger("transformer_mt").setLevel(logging.WARNING)
+        return train_started(cfg, run, start, ranks, device, overrides)
+    with log_to_file(run.path / run.LOG):
+        for difference in start.changed:
+            log.info("changed since the previous start: %s", difference)
+        if start.forced:
+            log.warning(
+                "trainer.resume=force: this run continues with other training settings (%s)",
+                ", ".join(str(difference) for difference in start.forced),
+            )
+        return train_started(cfg, run, start, ranks, device, overrides)
+
+
+def train_started(
+    cfg: TrainJob,
+    run: RunDir,
+    start: Start,
+    ranks: Ranks,
+    device: torch.device,
+    overrides: list[str],
+) -> Path:
+    """Prepare (rank 0) or wait for the data, record the start, train, record the end."""
     if ranks.is_main:
-        run.write_config(cfg)
         data = run.prepare(cfg.data)
+        run.write_config(cfg)
+        run.append_history(start_record(start, overrides, ranks, device))
         ranks.barrier()
     else:
-        logging.getLogger("transformer_mt").setLevel(logging.WARNING)
         wait_until_prepared(cfg.data)  # no collective yet: preparing may outlast its timeout
         ranks.barrier()
         data = open_prepared(prepared_folder(cfg.data))
-    if cfg.trainer.num_threads:
-        torch.set_num_threads(cfg.trainer.num_threads)
-    torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
-    trainer = Trainer(cfg, data, device, ranks, valid_bleu=valid_bleu(cfg, data, device))
-    if ranks.rank:
-        torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
-    log.info(
-        "model: %s parameters (%s) on %s; %s",
-        f"{count_parameters(trainer.model):,}",
-        cfg.model.name,
-        device,
-        trainer.plan.describe(),
-    )
-    trainer.resume()
-    reason = trainer.fit()
-    log.info(
-        "stopped: %s after %d updates, %.1f min of training",
-        reason,
-        trainer.progress.step,
-        trainer.progress.train_seconds / 60,
-    )
-    if not trainer.stop_signalled:  # pre-emption leaves no time for more (agreed by all ranks)
-        improved = False
-        if trainer.validated_step != trainer.progress.step:
-            improved, _ = trainer.validate_and_judge()
-        if improved or trainer.saved_step != trainer.progress.step:
-            trainer.save(best=improved)
-    if trainer.writer:
-        trainer.writer.close()
+    first_step, trainer = start.step, None
+    try:
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
+        trainer = Trainer(cfg, data, device, ranks, valid_bleu=valid_bleu(cfg, data, device))
+        if ranks.rank:
+            torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
+        log.info(
+            "model: %s parameters (%s) on %s; %s",
+            f"{count_parameters(trainer.model):,}",
+            cfg.model.name,
+            device,
+            trainer.plan.describe(),
+        )
+        trainer.begin(start)
+        del start  # the checkpoint it held
+        reason = fit(trainer)
+    except BaseException as error:
+        if ranks.is_main:
+            step = trainer.progress.step if trainer is not None else first_step
+            run.append_history(end_record("error", describe_error(error), step))
+        raise
+    if ranks.is_main:
+        how = "stop signal" if trainer.stop_signalled else "finished"
+        run.append_history(end_record(how, reason, trainer.progress.step))
     return trainer.checkpoint_dir / "last.pt"
+
+
+def fit(trainer: Trainer) -> str:
+    """Train until a stopping rule fires; validate and save the end state; return the reason."""
+    try:
+        reason = trainer.fit()
+        log.info(
+            "stopped: %s after %d updates, %.1f min of training",
+            reason,
+            trainer.progress.step,
+            trainer.progress.train_seconds / 60,
+        )
+        if not trainer.stop_signalled:  # pre-emption leaves no time for more (agreed by all ranks)
+            improved = False
+            if trainer.validated_step != trainer.progress.step:
+                improved, _ = trainer.validate_and_judge()
+            if improved or trainer.saved_step != trainer.progress.step:
+                trainer.save(best=improved)
+        return reason
+    finally:
+        if trainer.writer:
+            trainer.writer.close()
 
 
 def valid_bleu(
@@ -112,3 +165,69 @@ def valid_bleu(
         return sacrebleu_scores(hypotheses, references).bleu
 
     return score
+
+
+@contextlib.contextmanager
+def log_to_file(path: Path):
+    """The package's log lines also into `path` (appended), formatted as on the console."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    package = logging.getLogger("transformer_mt")
+    package.addHandler(handler)
+    try:
+        yield
+    finally:
+        package.removeHandler(handler)
+        handler.close()
+
+
+# ---- the run's history (history.jsonl) ----------------------------------------------------
+def start_record(start: Start, overrides: list[str], ranks: Ranks, device: torch.device) -> dict:
+    return {
+        "event": "start",
+        "time": now(),
+        "kind": start.kind.value,
+        "step": start.step,
+        "from": str(start.path) if start.path else None,
+        "parent": str(start.path) if start.kind == StartKind.fine_tune else None,
+        "overrides": overrides,
+        "changed": {d.key: d.as_record() for d in start.changed},
+        "forced": [d.key for d in start.forced],
+        "version": __version__,
+        "git_commit": git_commit(),
+        "host": socket.gethostname(),
+        "world_size": ranks.world_size,
+        "device": str(device),
+    }
+
+
+def end_record(how: str, reason: str, step: int) -> dict:
+    return {"event": "end", "time": now(), "how": how, "reason": reason, "step": step}
+
+
+def describe_error(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+def git_commit() -> str | None:
+    """The commit of the code that runs, where it runs from a git checkout (an editable install);
+    None otherwise."""
+    source = Path(__file__).resolve().parents[2]
+    if not (source / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(source), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() or None

@@ -34,7 +34,7 @@ from transformer_mt.data.tokenizer import (
     train_tokenizer,
 )
 from transformer_mt.device import usable_cpus
-from transformer_mt.errors import DataError
+from transformer_mt.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,45 @@ def fingerprint(cfg: DataConfig) -> str:
     settings = asdict(cfg)
     for key in ("name", "prepared_dir", "num_workers", "test_split", "hf_path", "dir"):
         settings.pop(key)  # names, places and speed knobs; source_version identifies the corpus
+    if cfg.spm_model is not None:  # the given model's content, not its place or training settings
+        for key in ("spm_model", "vocab_size", "character_coverage", "spm_sample_sentences"):
+            settings.pop(key)
+        settings["spm_sha256"] = [file_sha256(path) for path in given_tokenizer_files(cfg)]
     settings.update(format=FORMAT_VERSION, source_version=source_version(cfg))
     blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def given_tokenizer_files(cfg: DataConfig) -> list[Path]:
+    """data.spm_model's file(s): [shared] or [source, target]; ConfigError when they are missing
+    or do not match data.shared_vocab."""
+    path = Path(cfg.spm_model)
+    if path.is_file():
+        files = [path]
+    elif (path / SHARED_FILE).is_file():
+        files = [path / SHARED_FILE]
+    elif (path / SRC_FILE).is_file() and (path / TGT_FILE).is_file():
+        files = [path / SRC_FILE, path / TGT_FILE]
+    else:
+        raise ConfigError(
+            f"data.spm_model={path}: no SentencePiece model there (a .model file, or a folder "
+            f"holding {SHARED_FILE}, or {SRC_FILE} and {TGT_FILE})"
+        )
+    if (len(files) == 1) != cfg.shared_vocab:
+        kind = "one shared model" if len(files) == 1 else "a source and a target model"
+        raise ConfigError(
+            f"data.spm_model={path} is {kind}, but data.shared_vocab={cfg.shared_vocab}: set "
+            f"data.shared_vocab={len(files) == 1}"
+        )
+    return files
 
 
 def prepared_folder(cfg: DataConfig) -> Path:
@@ -162,12 +198,14 @@ def build_into(cfg: DataConfig, folder: Path) -> dict:
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
     dropped_text: Counter = Counter()
-    shared = Reservoir(cfg.spm_sample_sentences, cfg.seed)
-    samples = (
-        (shared, shared)
-        if cfg.shared_vocab
-        else (shared, Reservoir(cfg.spm_sample_sentences, cfg.seed + 1))
-    )
+    samples = None
+    if cfg.spm_model is None:
+        shared = Reservoir(cfg.spm_sample_sentences, cfg.seed)
+        samples = (
+            (shared, shared)
+            if cfg.shared_vocab
+            else (shared, Reservoir(cfg.spm_sample_sentences, cfg.seed + 1))
+        )
     n_read = write_clean_text(cfg, "train", folder, dropped_text, samples)
     if n_read == 0:
         raise DataError(
@@ -175,8 +213,11 @@ def build_into(cfg: DataConfig, folder: Path) -> dict:
             f"(dropped: {dict(dropped_text)})"
         )
     seconds["clean"], clock = time.perf_counter() - clock, time.perf_counter()
-    tokenizers = train_tokenizers(cfg, samples, folder)
-    del samples, shared
+    if samples is None:
+        tokenizers = given_tokenizers(cfg, folder)
+    else:
+        tokenizers = train_tokenizers(cfg, samples, folder)
+        del samples
     seconds["sentencepiece"], clock = time.perf_counter() - clock, time.perf_counter()
     stats: dict = {
         "source": corpus_identity(cfg),
@@ -255,6 +296,16 @@ def train_tokenizers(
         train_tokenizer(samples[0].items, folder / SRC_FILE, **settings),
         train_tokenizer(samples[1].items, folder / TGT_FILE, **settings),
     )
+
+
+def given_tokenizers(cfg: DataConfig, folder: Path) -> Tokenizers:
+    """data.spm_model's file(s), copied into the prepared folder under the usual names."""
+    files = given_tokenizer_files(cfg)
+    names = [SHARED_FILE] if len(files) == 1 else [SRC_FILE, TGT_FILE]
+    for path, name in zip(files, names, strict=True):
+        shutil.copyfile(path, folder / name)
+    log.info("encoding with the given SentencePiece model(s): %s", ", ".join(map(str, files)))
+    return load_tokenizers(folder)
 
 
 def write_clean_text(

@@ -121,6 +121,7 @@ class Translator:
         self.backend, self.tokenizers, self.decode = backend, tokenizers, decode
         self.unicode_form = unicode_form
         self.max_source_tokens = backend.max_source_tokens
+        self.origin: dict | None = None  # from_run: which checkpoint (or export) translates
 
     @classmethod
     def for_model(
@@ -153,17 +154,21 @@ class Translator:
         if path.is_dir():
             from transformer_mt.decode.ctranslate2_backend import translator_from_export
 
-            return translator_from_export(path, decode=decode, device=device)
+            translator = translator_from_export(path, decode=decode, device=device)
+            translator.origin = {"checkpoint": str(path.resolve()), "format": "ctranslate2"}
+            return translator
         state = load_checkpoint(path)
         tokenizers = run.tokenizers()
         log.info("translating with %s (update %d)", path, int(state["step"]))
-        return cls.for_model(
+        translator = cls.for_model(
             model_from_checkpoint(state, path, tokenizers),
             tokenizers,
             decode,
             resolve_device(device),
             unicode_form=run.data_config().unicode_form,
         )
+        translator.origin = {"checkpoint": str(path.resolve()), "step": int(state["step"])}
+        return translator
 
     def translate(self, sentences: list[str]) -> list[str]:
         """One translation per input sentence, in input order; an empty line gives an empty line.

@@ -17,20 +17,13 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import (
-    config_dict,
-    load_checkpoint,
-    load_newest_readable,
-    prune_step_checkpoints,
-    save_checkpoint,
-    step_checkpoints,
-)
-from transformer_mt.config import ResumeMode, TrainJob
+from transformer_mt.checkpoint import config_dict, prune_step_checkpoints, save_checkpoint
+from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import Batch, BatchDataset, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.device import autocast_dtype, autocast_for
-from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.errors import CheckpointError
 from transformer_mt.files import link_atomically, remove_partial_writes
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
@@ -46,6 +39,7 @@ from transformer_mt.train.run_state import (
 )
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.signals import StopSignals, ignore_stop_signals
+from transformer_mt.train.start import Start, StartKind, describe
 from transformer_mt.train.validation import ValidationScores, validation_loss
 
 log = logging.getLogger(__name__)
@@ -138,12 +132,7 @@ class Trainer:
         }
 
     def load_state_dict(self, state: dict, path: Path) -> None:
-        if state.get("data_folder") != self.data.folder.name:
-            raise CheckpointError(
-                f"{path} was trained on prepared data {state.get('data_folder')}, but this "
-                f"configuration prepares {self.data.folder.name} (a data or tokenizer setting, or "
-                "the corpus, changed): use a new run_dir, or restore the original settings"
-            )
+        """Continue the run whose checkpoint `state` is (train/start.py checked that it may)."""
         check_model_matches(state, self.cfg.model, self.vocab_sizes, path)
         try:
             self.model.load_state_dict(state["model"])
@@ -198,31 +187,36 @@ class Trainer:
         self.last_save_time = time.monotonic()
         return step_path
 
-    def resume(self) -> None:
-        """Continue according to trainer.resume and trainer.resume_from (auto: from the newest
-        readable checkpoint of the run, if any)."""
-        trainer = self.cfg.trainer
+    def begin(self, start: Start) -> None:
+        """Resume the checkpoint, or take a parent's weights (fine-tuning), as `start` says."""
         if self.ranks.is_main and self.checkpoint_dir.is_dir():
             for path in remove_partial_writes(self.checkpoint_dir):
                 log.info("removed %s, left by an interrupted checkpoint write", path.name)
         self.ranks.barrier()
-        if trainer.resume == ResumeMode.never:
-            existing = step_checkpoints(self.checkpoint_dir) if self.checkpoint_dir.is_dir() else []
-            if existing:
-                raise ConfigError(
-                    f"trainer.resume=never, but {self.checkpoint_dir} holds {len(existing)} "
-                    "checkpoint(s): use a new run_dir, or trainer.resume=auto to continue"
-                )
-            return
-        if trainer.resume_from is not None:
-            path = Path(trainer.resume_from)
-            found = load_checkpoint(path), path
-        else:
-            found = load_newest_readable(self.checkpoint_dir)
-        if found:
-            state, path = found
-            self.load_state_dict(state, path)
-            log.info("resumed from %s at update %d", path, self.progress.step)
+        if start.kind == StartKind.resume:
+            self.load_state_dict(start.state, start.path)
+        elif start.kind == StartKind.fine_tune:
+            self.load_parent_weights(start.state, start.path)
+        log.info("%s", describe(start))
+
+    def load_parent_weights(self, state: dict, path: Path) -> None:
+        """The parent's model weights only: optimizer, schedule and update count start afresh."""
+        parent_vocab = state.get("vocab_size"), state.get("src_vocab_size")
+        ours = self.vocab_sizes["vocab_size"], self.vocab_sizes["src_vocab_size"]
+        if parent_vocab != ours:
+            raise CheckpointError(
+                f"{path}: the parent model's embedding has {parent_vocab[0]} target pieces"
+                f"{'' if parent_vocab[1] is None else f' and {parent_vocab[1]} source pieces'}, "
+                f"but this run's tokenizer (data.spm_model={self.cfg.data.spm_model}) has "
+                f"{ours[0]}{'' if ours[1] is None else f' and {ours[1]} source pieces'}: "
+                "fine-tuning needs the parent's own SentencePiece model (leave data.spm_model "
+                "unset and trainer.init_from supplies it)"
+            )
+        check_model_matches(state, self.cfg.model, self.vocab_sizes, path)
+        try:
+            self.model.load_state_dict(state["model"])
+        except RuntimeError as error:
+            raise CheckpointError(f"{path}: cannot take its weights: {error}") from error
 
     # ---- data --------------------------------------------------------------------------------
     def epoch_loader(self) -> torch.utils.data.DataLoader:

@@ -1,0 +1,68 @@
+"""One writer per run folder: an exclusive lock held for the life of the command.
+
+The lock is `flock` on a file in the folder, so the operating system releases it when the process
+ends, however it ends (a SIGKILLed run does not block the next start). While held, the file
+names its holder (host, PID, since when) for the message that refuses a second writer; it is
+emptied again on release.
+"""
+
+from __future__ import annotations
+
+import datetime
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+from transformer_mt.errors import TransformerMTError
+
+
+class RunFolderInUse(TransformerMTError):
+    """Another process holds the run folder's lock."""
+
+
+class RunLock:
+    def __init__(self, path: Path):
+        self.path = path
+        self.handle = None
+
+    def __enter__(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  (held until __exit__)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            holder = describe_holder(handle.read())
+            handle.close()
+            raise RunFolderInUse(
+                f"{self.path.parent} is in use by {holder}: one training command per run folder "
+                "(eval and translate may read it meanwhile); wait for it to end, stop it, or use "
+                "another run_dir"
+            ) from None
+        holder = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        }
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(holder) + "\n")
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self.handle is not None:
+            self.handle.truncate(0)
+            self.handle.close()  # releases the lock
+            self.handle = None
+
+
+def describe_holder(text: str) -> str:
+    try:
+        holder = json.loads(text)
+        return f"PID {holder['pid']} on {holder['host']} (since {holder['since']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process (it has not yet written who it is)"

@@ -1,0 +1,221 @@
+"""How a training command starts in its run folder: as a new run, by resuming the run's
+checkpoint, or by fine-tuning a parent model. Decided, and refused when it must be, before
+anything is written: a refused command leaves the run folder as it was.
+
+Resuming compares the configuration with the one the run folder recorded at its previous start.
+Settings that only steer the remaining work may change (STEERING_KEYS, decode.*); a change to
+what is being trained (optimizer, schedule, label smoothing, dropout, seed, global batch,
+precision, ...) is refused unless trainer.resume=force; a change of model shape or of the data
+and tokenizer cannot continue the run at all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from transformer_mt.checkpoint import config_dict, load_checkpoint, load_newest_readable
+from transformer_mt.config import ResumeMode, TrainJob
+from transformer_mt.data.tokenizer import load_tokenizers
+from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.run_dir import RunDir
+from transformer_mt.train.run_state import check_model_matches
+
+log = logging.getLogger(__name__)
+
+# Settings that steer the remaining work, not what is being trained: free to change on resume.
+STEERING_KEYS = frozenset(
+    {
+        "trainer.max_steps",
+        "trainer.max_epochs",
+        "trainer.max_time_minutes",
+        "trainer.checkpoint_every",
+        "trainer.checkpoint_every_minutes",
+        "trainer.valid_every",
+        "trainer.valid_bleu_sentences",
+        "trainer.valid_bleu_strategy",
+        "trainer.keep_checkpoints",
+        "trainer.patience",
+        "trainer.log_every",
+        "trainer.batch_tokens",
+        "trainer.loader_workers",
+        "trainer.num_threads",
+        "trainer.progress_bar",
+        "trainer.rank_timeout_minutes",
+        "trainer.max_nonfinite_updates",
+        "trainer.device",
+        "trainer.compile",
+        "trainer.resume",
+        "trainer.resume_from",
+        "trainer.init_from",  # used by a run's first start only
+        "run_dir",
+        "model.name",
+        "data.name",
+        "data.test_split",
+        "data.prepared_dir",
+        "data.num_workers",
+    }
+)
+STEERING_PREFIXES = ("decode.",)
+
+
+class StartKind(str, Enum):
+    new = "new"
+    resume = "resume"
+    fine_tune = "fine-tune"
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str
+    saved: Any
+    new: Any
+
+    def __str__(self) -> str:
+        return f"{self.key}: {shown(self.saved)} → {shown(self.new)}"
+
+    @property
+    def steering(self) -> bool:
+        return self.key in STEERING_KEYS or self.key.startswith(STEERING_PREFIXES)
+
+    def as_record(self) -> list:
+        return [self.saved, self.new]
+
+
+@dataclass
+class Start:
+    kind: StartKind
+    state: dict | None = None  # the checkpoint resumed, or the parent's
+    path: Path | None = None
+    changed: list[Difference] = field(default_factory=list)  # since the previous start
+    forced: list[Difference] = field(default_factory=list)  # accepted with trainer.resume=force
+
+    @property
+    def step(self) -> int:
+        return int(self.state["step"]) if self.kind == StartKind.resume else 0
+
+
+def shown(value: Any) -> str:
+    return "(absent)" if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(saved: dict, new: dict) -> list[Difference]:
+    """Every setting whose value differs, by dotted key (a key one side lacks counts as null)."""
+    old, current = flatten(saved), flatten(new)
+    return [
+        Difference(key, old.get(key), current.get(key))
+        for key in sorted(old.keys() | current.keys())
+        if old.get(key) != current.get(key)
+    ]
+
+
+def use_parent_tokenizer(cfg: TrainJob) -> None:
+    """trainer.init_from: encode the new data with the parent's SentencePiece model(s) (a new
+    tokenizer would scramble the embeddings), unless data.spm_model names one."""
+    if cfg.trainer.init_from is None:
+        return
+    init_from = Path(cfg.trainer.init_from)
+    if not init_from.exists():
+        raise ConfigError(f"trainer.init_from={init_from}: no such run folder or checkpoint")
+    if cfg.data.spm_model is not None:
+        return
+    folder = parent_run_folder(init_from)
+    cfg.data.spm_model = str(folder.resolve())
+    cfg.data.shared_vocab = load_tokenizers(folder).shared
+
+
+def parent_run_folder(init_from: Path) -> Path:
+    """The run folder that holds the parent's tokenizer: init_from itself, or the run folder of
+    a checkpoint inside its checkpoints/."""
+    candidates = [init_from] if init_from.is_dir() else [init_from.parent.parent, init_from.parent]
+    for folder in candidates:
+        if RunDir(folder).has_tokenizer():
+            return folder
+    raise ConfigError(
+        f"trainer.init_from={init_from}: no SentencePiece model beside it (a run folder, or a "
+        "checkpoint in one); name the parent's tokenizer with data.spm_model=PATH"
+    )
+
+
+def parent_checkpoint(init_from: Path) -> Path:
+    if init_from.is_dir():
+        return RunDir(init_from).checkpoint("last.pt")
+    return init_from
+
+
+def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
+    """How this command starts; CheckpointError / ConfigError / DataError when it must not. Reads,
+    never writes."""
+    saved = run.saved_config()
+    changed = config_differences(saved, config_dict(cfg)) if saved is not None else []
+    run.check_prepared(data_folder, [d for d in changed if d.key.startswith("data.")])
+    found = resumable_checkpoint(cfg, run)
+    if found is not None:
+        state, path = found
+        check_same_data(state, path, data_folder)
+        check_model_matches(state, cfg.model, {}, path)
+        training = [d for d in changed if not d.steering]
+        if training and cfg.trainer.resume != ResumeMode.force:
+            raise ConfigError(
+                f"{run} was started with other settings, which change what is being trained:\n"
+                + "".join(f"  {d}\n" for d in training)
+                + "Use a new run_dir, or trainer.resume=force to continue this run with the new "
+                "settings (recorded in history.jsonl)"
+            )
+        return Start(StartKind.resume, state, path, changed, training)
+    if cfg.trainer.init_from is not None:
+        path = parent_checkpoint(Path(cfg.trainer.init_from))
+        return Start(StartKind.fine_tune, load_checkpoint(path), path, changed)
+    return Start(StartKind.new, changed=changed)
+
+
+def resumable_checkpoint(cfg: TrainJob, run: RunDir) -> tuple[dict, Path] | None:
+    """The checkpoint to continue from: trainer.resume_from, else the run's newest readable one;
+    ConfigError when trainer.resume=never finds some."""
+    if cfg.trainer.resume_from is not None:
+        path = Path(cfg.trainer.resume_from)
+        return load_checkpoint(path), path
+    folder = run.checkpoints
+    if not folder.is_dir():
+        return None
+    if cfg.trainer.resume == ResumeMode.never:
+        existing = list(folder.glob("*.pt"))
+        if existing:
+            raise ConfigError(
+                f"trainer.resume=never, but {folder} holds {len(existing)} checkpoint file(s): "
+                "use a new run_dir, or trainer.resume=auto to continue"
+            )
+        return None
+    return load_newest_readable(folder)
+
+
+def check_same_data(state: dict, path: Path, data_folder: Path) -> None:
+    if state.get("data_folder") != data_folder.name:
+        raise CheckpointError(
+            f"{path} was trained on prepared data {state.get('data_folder')}, but this "
+            f"configuration prepares {data_folder.name} (a data or tokenizer setting, or the "
+            "corpus, changed): use a new run_dir, restore the original settings, or fine-tune "
+            "from this run on the new data with trainer.init_from"
+        )
+
+
+def describe(start: Start) -> str:
+    if start.kind == StartKind.resume:
+        return f"resumed from {start.path} at update {start.step}"
+    if start.kind == StartKind.fine_tune:
+        return f"fine-tuning from {start.path} (update {start.state['step']} of its run)"
+    return "a new run"
