@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,17 @@ def test_a_second_command_on_a_folder_in_use_is_refused_and_a_killed_holder_bloc
         assert second.returncode == 2
         assert f"is in use by PID {first.pid} on " in second.stderr
         assert "Traceback" not in second.stderr
+        # A reader works meanwhile, and says which checkpoint it read.
+        wait_for((run_dir / "checkpoints" / "last.pt").is_file, "the first checkpoint")
+        reader = subprocess.run(
+            [str(BIN / "tmt-translate"), f"run_dir={run_dir}", "decode=greedy"],
+            input="the dog sees the cat.\n",
+            capture_output=True,
+            text=True,
+        )
+        assert reader.returncode == 0, reader.stderr
+        assert len(reader.stdout.splitlines()) == 1
+        assert re.search(r"translating with .*checkpoints/last.pt \(update \d+\)", reader.stderr)
         assert first.poll() is None  # unharmed, still training
         first.send_signal(signal.SIGTERM)  # pre-emption: it saves and exits cleanly
         assert first.wait(timeout=300) == 0
