@@ -11,9 +11,11 @@ import torch
 
 from transformer_mt import checkpoint as checkpoint_module
 from transformer_mt.commands.train import train
+from transformer_mt.data.prepare import prepare
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.train import trainer as trainer_module
 from transformer_mt.train.schedule import inverse_sqrt_lr
+from transformer_mt.train.trainer import Trainer
 
 QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.log_every=1"]
 
@@ -194,3 +196,24 @@ def test_fp16_trains_with_a_gradient_scaler_whose_state_is_saved(tiny_train_job)
     state = load(train(tiny_train_job("trainer.max_steps=3", "trainer.precision=fp16", *QUICK)))
     assert state["step"] == 3
     assert state["scaler"]["scale"] > 0 and state["scaler"]["_growth_tracker"] == 3
+
+
+def set_scale(scaler: torch.amp.GradScaler, scale: float) -> None:
+    scaler.load_state_dict({**scaler.state_dict(), "scale": scale})
+
+
+def test_fp16_skips_while_the_scale_calibrates_and_stops_only_when_it_collapses(tiny_train_job):
+    # fp16 on a CPU is slow: the rule is checked on a Trainer's scaler directly.
+    job = tiny_train_job("trainer.precision=fp16", "trainer.max_nonfinite_updates=10")
+    trainer = Trainer(job, prepare(job.data), torch.device("cpu"))
+    trainer.writer.close()
+    assert trainer.scaler.is_enabled()
+    set_scale(trainer.scaler, 16.0)  # where 12 overflows in a row take 65536
+    assert trainer.nonfinite_stop(in_a_row=12) is None
+    set_scale(trainer.scaler, 6.1e-5)
+    assert "the fp16 loss scale fell to 6.1e-05" in trainer.nonfinite_stop(in_a_row=30)
+    fp32 = tiny_train_job("trainer.max_nonfinite_updates=10")
+    trainer = Trainer(fp32, prepare(fp32.data), torch.device("cpu"))
+    trainer.writer.close()
+    assert trainer.nonfinite_stop(in_a_row=9) is None
+    assert "10 updates in a row" in trainer.nonfinite_stop(in_a_row=10)

@@ -44,6 +44,10 @@ from transformer_mt.train.validation import ValidationScores, validation_loss
 
 log = logging.getLogger(__name__)
 
+# fp16: a loss scale below this (fairseq's --min-loss-scale default) means the gradient
+# overflows however far it is scaled down: the run has diverged.
+MIN_LOSS_SCALE = 1e-4
+
 
 class Trainer:
     def __init__(
@@ -384,6 +388,18 @@ class Trainer:
         return self.nonfinite_stop(in_a_row)
 
     def nonfinite_stop(self, in_a_row: int) -> str | None:
+        if self.scaler.is_enabled():
+            # fp16: the scaler skips updates while it lowers the loss scale, by design (several in
+            # a row at the start); a run has diverged only when the scale has collapsed.
+            scale = self.scaler.get_scale()
+            if scale >= MIN_LOSS_SCALE:
+                return None
+            return (
+                f"the fp16 loss scale fell to {scale:.3g} (below {MIN_LOSS_SCALE:g}): the "
+                "gradient overflows whatever the scale; lower optim.lr_scale, set "
+                "optim.clip_norm, or train in bf16 / fp32; the checkpoints before this point "
+                "are good"
+            )
         limit = self.cfg.trainer.max_nonfinite_updates
         if in_a_row < limit:
             return None
