@@ -12,6 +12,10 @@ ARGS ?=
 NPROC ?= 1
 # Checkpoints averaged by make average (the paper: 5 for base, 20 for big).
 N ?= 5
+# make plot-attention: the file written by make translate ARGS=attention=FILE, its line, the PNG.
+ATTENTION ?= attention.jsonl
+LINE ?= 0
+PNG ?= attention.png
 
 # A CPU-only machine gets the CPU wheel (no multi-GB CUDA download); a GPU machine gets PyPI's
 # default Linux build, which is the CUDA one.
@@ -22,8 +26,8 @@ else
 TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
 endif
 
-.PHONY: help install demo prepare train average eval translate export test bench bench-data \
-	bench-decode fault-drill gpu-check lint clean
+.PHONY: help install demo prepare train average eval translate serve plot-attention export \
+	export-hf test bench bench-data bench-decode bench-serve fault-drill gpu-check lint clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-13s %s\n", $$1, $$2}'
@@ -36,7 +40,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/pip install --quiet --upgrade pip >&2
 	@$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)" >&2
-	@$(BIN)/pip install --quiet -e ".[dev,export]" >&2
+	@$(BIN)/pip install --quiet -e ".[dev,export,hf,serve]" >&2
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv with torch (CPU or CUDA build) and the package
@@ -64,15 +68,27 @@ eval: $(STAMP) ## translate the test split of RUN with beam search and score it 
 translate: $(STAMP) ## translate lines from stdin to stdout with the model in RUN
 	@$(BIN)/tmt-translate run_dir=$(RUN) $(ARGS)
 
+serve: $(STAMP) ## an HTTP API and a page with attention pictures for RUN on 127.0.0.1:8000 (ARGS="port=...")
+	$(BIN)/tmt-serve run_dir=$(RUN) $(ARGS)
+
+plot-attention: $(STAMP) ## draw line LINE (0) of ATTENTION (from make translate ARGS=attention=FILE) to PNG
+	$(BIN)/python scripts/plot_attention.py $(ATTENTION) --line $(LINE) --output $(PNG)
+
 export: $(STAMP) ## write RUN's last.pt as a CTranslate2 model (RUN/checkpoints/ctranslate2)
 	$(BIN)/tmt-export run_dir=$(RUN) $(ARGS)
+
+export-hf: $(STAMP) ## write RUN's last.pt as a transformers MarianMTModel with a model card (RUN/checkpoints/transformers)
+	$(BIN)/tmt-export format=transformers run_dir=$(RUN) $(ARGS)
 
 test: $(STAMP) ## run the test suite
 	$(BIN)/pytest -q --durations=8 $(ARGS)
 
 bench: $(STAMP) ## training throughput: ours vs transformers' Marian (tokens/s, GFLOP/s, memory)
-	@$(BIN)/python -c "import transformers" 2>/dev/null || $(BIN)/pip install --quiet -e ".[bench]" >&2 || true
+	@$(BIN)/python -c "import transformers" 2>/dev/null || $(BIN)/pip install --quiet -e ".[hf]" >&2 || true
 	$(BIN)/python scripts/bench_train.py $(ARGS)
+
+bench-serve: $(STAMP) ## tmt-serve under 8 concurrent 1-sentence clients: requests/s, p50/p95 latency, beside the library
+	$(BIN)/python scripts/bench_serve.py $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
 
 bench-data: $(STAMP) ## data preparation at WMT scale: pairs/s, peak RSS, padding, shared stores
 	$(BIN)/python scripts/bench_data.py $(ARGS)

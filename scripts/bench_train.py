@@ -532,7 +532,7 @@ def marian_available(args) -> bool:
     if importlib.util.find_spec("transformers") is None:
         print(
             "transformers is not installed: skipping the Marian column. "
-            'Install it with `pip install -e ".[bench]"` (make bench does this on first use).'
+            'Install it with `pip install -e ".[hf]"` (make bench does this on first use).'
         )
         return False
     return True

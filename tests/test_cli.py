@@ -1,5 +1,6 @@
 """The console commands: user mistakes give one clear line and a non-zero exit, no traceback."""
 
+import json
 import os
 import pty
 import select
@@ -7,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from transformer_mt.data.tokenizer import Tokenizer
+
 BIN = Path(sys.executable).parent
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
 def run(command: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
@@ -108,6 +112,27 @@ def test_translate_files_and_nbest_lists(tmp_path):
         scores = [float(e[3]) for e in entries if int(e[0]) == number]
         assert scores == sorted(scores, reverse=True)
     assert all(len(e) == 4 and e[2] == f"F0= {e[3]}" for e in entries)  # Moses' 4 fields
+
+    attention = tmp_path / "attention.jsonl"
+    result = run("tmt-translate", run_dir, *files, f"attention={attention}", "decode.max_len_b=5")
+    assert result.returncode == 0, result.stderr.decode()
+    translations = result.stdout.decode().splitlines()
+    records = [json.loads(line) for line in attention.read_text(encoding="utf-8").splitlines()]
+    assert [r["line"] for r in records] == [0, 1, 2] and records[1]["weights"] is None
+    for number in (0, 2):
+        record, translation = records[number], translations[number]
+        assert len(record["target_pieces"]) == len(record["weights"])
+        pieces = record["target_pieces"][:-1]
+        assert Tokenizer(tmp_path / "run" / "spm.model").processor.decode(pieces) == translation
+        for row in record["weights"]:
+            assert len(row) == len(record["source_pieces"]) and abs(sum(row) - 1) < 1e-5
+    plotted = subprocess.run(
+        [sys.executable, str(SCRIPTS / "plot_attention.py"), str(attention), "--line", "2"]
+        + ["--output", str(tmp_path / "attention.png")],
+        capture_output=True,
+    )
+    assert plotted.returncode == 0, plotted.stderr.decode()
+    assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
     result = run("tmt-translate", run_dir, f"input={tmp_path / 'bad.txt'}")

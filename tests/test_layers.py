@@ -14,6 +14,7 @@ LAYERS = [
     {"decode"},  # search, sampling, Translator and its backends
     {"metrics"},  # sacreBLEU, chrF, tokenized BLEU
     {"train"},  # the loop, loss, schedule, ranks, signals, validation
+    {"serve"},  # the HTTP API and page around a Translator
     {"commands"},  # one plain function per tmt-* command
     {"cli"},  # Hydra's edge
 ]

@@ -176,3 +176,36 @@ def test_attention_projections_start_with_the_variance_of_torch_multihead_attent
     ]
     for block in blocks:
         assert block.var().item() == pytest.approx(expected, rel=0.05)
+
+
+@pytest.mark.parametrize("layer", [0, -1])
+def test_cross_attention_weights_are_the_ones_the_decoder_uses(layer):
+    model = tiny_model()
+    src, tgt = random_tokens(2, 7), random_tokens(2, 5, seed=2)
+    src[1, 4:] = PAD
+    with torch.no_grad():
+        before = model(src, tgt)
+    weights = model.cross_attention(src, tgt, layer)
+    assert weights.shape == (2, 5, 7)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 5), atol=1e-6)
+    assert torch.all(weights[1, :, 4:] == 0)  # padding gets no attention
+    # The same weights by hand: softmax(q k^T / sqrt(d_head)) of that layer, mean over heads.
+    attention = model.decoder[layer].cross_attn
+    with torch.no_grad():
+        encoded = model.encode(src)
+        x = model.embed_tokens(tgt, model.embed)
+        for index, block in enumerate(model.decoder):
+            if block is model.decoder[layer]:
+                memory_k, _ = attention.memory_kv(encoded.memory)
+                h = block.self_block(x, lambda h, b=block: b.self_attn(h, causal=True))
+                q = attention.q(h).view(2, 5, 4, 8).transpose(1, 2)
+                scores = q @ memory_k.transpose(-2, -1) / math.sqrt(8)
+                scores = scores.masked_fill(~encoded.src_keep[:, None, None, :], float("-inf"))
+                expected = scores.softmax(-1).mean(dim=1)
+                break
+            k, v = block.cross_attn.memory_kv(encoded.memory)
+            x = block(x, k, v, encoded.src_keep, None, index)
+    assert torch.allclose(weights, expected, atol=1e-6)
+    assert attention.kept_weights is None  # the model is left as it was
+    with torch.no_grad():
+        assert torch.equal(model(src, tgt), before)

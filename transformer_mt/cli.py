@@ -23,6 +23,7 @@ from transformer_mt.config import (
     AverageJob,
     EvalJob,
     ExportJob,
+    ServeJob,
     TrainJob,
     TranslateJob,
     as_job,
@@ -109,12 +110,14 @@ def average_main(cfg: DictConfig) -> None:
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def export_main(cfg: DictConfig) -> None:
-    """tmt-export: write a checkpoint as a CTranslate2 model folder (needs the `export` extra)."""
+    """tmt-export: write a checkpoint as a CTranslate2 model folder (the `export` extra) or,
+    with format=transformers, as a transformers MarianMTModel folder (the `hf` extra)."""
     from transformer_mt.commands.export import export
 
     def task() -> None:
-        output = export(as_job(cfg, ExportJob))
-        log.info("CTranslate2 model written to %s", output)
+        job = as_job(cfg, ExportJob)
+        output = export(job)
+        log.info("%s model written to %s", job.format.value, output)
 
     run_reporting_errors(task)
 
@@ -137,3 +140,11 @@ def translate_main(cfg: DictConfig) -> None:
     from transformer_mt.commands.translate import translate
 
     run_reporting_errors(lambda: translate(as_job(cfg, TranslateJob)))
+
+
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="serve")
+def serve_main(cfg: DictConfig) -> None:
+    """tmt-serve: an HTTP API and a page around one model (needs the `serve` extra)."""
+    from transformer_mt.commands.serve import serve
+
+    run_reporting_errors(lambda: serve(as_job(cfg, ServeJob)))

@@ -58,6 +58,11 @@ class ResumeMode(str, Enum):
     force = "force"
 
 
+class ExportFormat(str, Enum):
+    ctranslate2 = "ctranslate2"
+    transformers = "transformers"
+
+
 @dataclass(kw_only=True)
 class DataConfig:
     """Where the parallel text comes from and how it is tokenized."""
@@ -246,7 +251,9 @@ class TrainerConfig:
     SentencePiece model(s) encode this run's data (unless data.spm_model names others). Used
     by the run's first start; later starts resume the run's own checkpoints."""
     max_nonfinite_updates: int = 10
-    """Updates with a non-finite gradient are skipped; stop after this many in a row."""
+    """Updates with a non-finite gradient are skipped; stop after this many in a row. fp16 (whose
+    gradient scaler skips updates by design while it lowers the loss scale) stops instead when
+    the loss scale falls below 1e-4."""
     progress_bar: bool = True
     """Show a tqdm progress bar when stderr is a terminal (never in a log file)."""
     rank_timeout_minutes: float = 30.0
@@ -341,6 +348,13 @@ class TranslateJob:
     """File to write (null: standard output). With decode.nbest > 1 each line is
     'input line number (from 0) ||| translation ||| F0= score ||| score', best first (the n-best
     format Moses' and Marian's rerankers read)."""
+    attention: str | None = None
+    """A file to write, per input line, the cross-attention behind its best translation as one
+    JSON line: {"line", "source_pieces", "target_pieces", "weights" (rows: target pieces,
+    columns: source pieces, each row summing to 1), "layer"}; weights null for an empty line.
+    `make plot-attention` draws one of them."""
+    attention_layer: int = -1
+    """Which decoder layer's cross-attention (averaged over its heads); negative: from the last."""
     decode: DecodeConfig
 
 
@@ -358,18 +372,54 @@ class AverageJob:
 
 @dataclass(kw_only=True)
 class ExportJob:
-    """`tmt-export`: a checkpoint as a CTranslate2 model folder (needs the `export` extra)."""
+    """`tmt-export`: a checkpoint as a CTranslate2 model folder (needs the `export` extra) or as
+    a Hugging Face transformers MarianMTModel folder (needs the `hf` extra)."""
 
     run_dir: str
     """Run folder written by `tmt-train`."""
     checkpoint: str = "last.pt"
     """Checkpoint file name inside run_dir/checkpoints, or a path."""
-    output: str = "ctranslate2"
-    """Folder name inside run_dir/checkpoints, or a path; replaced if it exists. Translate with
-    it: `make translate ARGS=checkpoint=ctranslate2`."""
+    format: ExportFormat = ExportFormat.ctranslate2
+    """ctranslate2: a CTranslate2 model that tmt-eval and tmt-translate run
+    (`checkpoint=ctranslate2`); transformers: a folder that transformers' MarianMTModel and
+    MarianTokenizer load with `from_pretrained`, with a model card (post-LN models only)."""
+    output: str | None = None
+    """Folder name inside run_dir/checkpoints, or a path; replaced if it exists. null: named
+    after the format (ctranslate2 or transformers). Translate with a CTranslate2 one:
+    `make translate ARGS=checkpoint=ctranslate2`."""
     quantization: str | None = None
-    """Weight type stored: null keeps float32; or one of CTranslate2's (int8, int8_float32,
-    int16, float16, bfloat16, ...). A loaded model can still compute in another type."""
+    """ctranslate2: the weight type stored: null keeps float32; or one of CTranslate2's (int8,
+    int8_float32, int16, float16, bfloat16, ...). A loaded model can still compute in another
+    type. transformers: only null (float32)."""
+
+    def __post_init__(self) -> None:
+        self.output = self.output or self.format.value
+
+
+@dataclass(kw_only=True)
+class ServeJob:
+    """`tmt-serve`: an HTTP API and a page around one checkpoint (needs the `serve` extra)."""
+
+    run_dir: str
+    """Run folder written by `tmt-train`."""
+    checkpoint: str = "last.pt"
+    """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    device: str = "auto"
+    """auto, cpu, cuda."""
+    host: str = "127.0.0.1"
+    """Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)."""
+    port: int = 8000
+    """Port to listen on."""
+    max_request_bytes: int = 65_536
+    """Larger requests are refused (HTTP 413)."""
+    max_lines: int = 64
+    """Sentences per request (more: HTTP 422)."""
+    max_line_chars: int = 1_000
+    """Characters per sentence (more: HTTP 422)."""
+    max_beam_size: int = 16
+    """Largest beam a request may ask for (more: HTTP 422)."""
+    decode: DecodeConfig
+    """The defaults; a request may change the search settings for itself."""
 
 
 def register_configs() -> None:
@@ -380,6 +430,7 @@ def register_configs() -> None:
     store.store(name="translate_schema", node=TranslateJob)
     store.store(name="average_schema", node=AverageJob)
     store.store(name="export_schema", node=ExportJob)
+    store.store(name="serve_schema", node=ServeJob)
     store.store(group="data", name="data_schema", node=DataConfig)
     store.store(group="model", name="model_schema", node=ModelConfig)
     store.store(group="optim", name="optim_schema", node=OptimConfig)
@@ -391,13 +442,14 @@ CONFIG_DIR = Path(str(importlib.resources.files("transformer_mt") / "configs"))
 """The presets, shipped inside the package (a wheel installs them with it)."""
 
 
-Job = TrainJob | EvalJob | TranslateJob | AverageJob | ExportJob
+Job = TrainJob | EvalJob | TranslateJob | AverageJob | ExportJob | ServeJob
 COMMAND_SCHEMAS = {
     "train": TrainJob,
     "eval": EvalJob,
     "translate": TranslateJob,
     "average": AverageJob,
     "export": ExportJob,
+    "serve": ServeJob,
 }
 """The schema each command's own configuration composes to (the other presets, such as demo and
 multi30k, are training configurations)."""

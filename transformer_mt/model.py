@@ -160,6 +160,7 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(d_model, 2 * d_model, bias=False)
         self.out = nn.Linear(d_model, d_model, bias=False)
         init_attention([self.q, self.kv], self.out, d_model)
+        self.kept_weights: list[Tensor] | None = None  # a list: forward appends its weights
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         k, v = (split_heads(t, self.n_heads) for t in self.kv(memory).chunk(2, dim=-1))
@@ -167,6 +168,11 @@ class CrossAttention(nn.Module):
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_keep: Tensor) -> Tensor:
         q = split_heads(self.q(x), self.n_heads)  # (B, H, T, Dh)
+        if self.kept_weights is not None:  # Transformer.cross_attention: the weights themselves
+            scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+            weights = scores.masked_fill(~src_keep[:, None, None, :], float("-inf")).softmax(-1)
+            self.kept_weights.append(weights)  # (B, H, T, S)
+            return self.out(merge_heads(weights @ v))
         attended = F.scaled_dot_product_attention(
             q,
             k,
@@ -326,6 +332,19 @@ class Transformer(nn.Module):
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""
         return self.decode(tgt_in, self.encode(src))
+
+    @torch.no_grad()
+    def cross_attention(self, src: Tensor, tgt_in: Tensor, layer: int = -1) -> Tensor:
+        """Where decoder layer `layer` (negative: from the last) looks: its cross-attention
+        weights (B, T, S), averaged over heads, for teacher-forced tgt_in; row t is the
+        attention that predicts target position t. Padded source positions get 0."""
+        attention = self.decoder[layer].cross_attn
+        attention.kept_weights = []
+        try:
+            self.forward(src, tgt_in)
+            return attention.kept_weights[0].mean(dim=1)
+        finally:
+            attention.kept_weights = None
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -9,6 +9,7 @@ import itertools
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from toy_runs import write_toy_files
 
 from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.commands.train import train
@@ -38,17 +39,6 @@ LEARNING = [
     "trainer.global_batch_tokens=2400",
 ]
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
-
-
-def write_toy_files(folder, *, seed: int, sizes: tuple[int, int, int], words: tuple[int, int]):
-    """A toy corpus of `words[0]`..`words[1]`-word sentences as train / valid / test files."""
-    folder.mkdir(parents=True)
-    pairs = iter(toy_pairs(sum(sizes), seed=seed, min_words=words[0], max_words=words[1]))
-    for split, size in zip(("train", "valid", "test"), sizes, strict=True):
-        part = list(itertools.islice(pairs, size))
-        (folder / f"{split}.en").write_text("".join(en + "\n" for en, _ in part))
-        (folder / f"{split}.de").write_text("".join(de + "\n" for _, de in part))
-    return folder
 
 
 def test_bleu_on_new_data(translator: Translator, run_dir) -> float:

@@ -8,6 +8,8 @@ memory stays bounded on a file of any length."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -34,27 +36,57 @@ def translate(job: TranslateJob) -> None:
             target = sys.stdout
         else:
             target = files.enter_context(open(job.output, "w", encoding="utf-8"))
+        attention = None
+        if job.attention is not None:
+            attention = files.enter_context(open(job.attention, "w", encoding="utf-8"))
         interactive = job.input is None and sys.stdin.isatty()
-        translate_stream(translator, source, name, target, 1 if interactive else CHUNK_LINES)
+        translate_stream(
+            translator,
+            source,
+            name,
+            target,
+            1 if interactive else CHUNK_LINES,
+            attention=attention,
+            attention_layer=job.attention_layer,
+        )
 
 
 def translate_stream(
-    translator: Translator, source: BinaryIO, name: str, target: TextIO, chunk_lines: int
+    translator: Translator,
+    source: BinaryIO,
+    name: str,
+    target: TextIO,
+    chunk_lines: int,
+    *,
+    attention: TextIO | None = None,
+    attention_layer: int = -1,
 ) -> None:
     """Translations of `source`'s lines, one per line, flushed after every `chunk_lines` lines.
     With decode.nbest > 1, n-best lists in the format Moses' and Marian's rerankers read:
-    'line number (from 0) ||| translation ||| F0= score ||| score', best first."""
+    'line number (from 0) ||| translation ||| F0= score ||| score', best first. With an
+    `attention` file, a JSON line per input line (see TranslateJob.attention)."""
     number = 0
     for lines in line_batches(source, name, chunk_lines):
-        if translator.decode.nbest > 1:
-            for nbest in translator.translate_nbest(lines):
+        if attention is None:
+            translated = [(nbest, None) for nbest in translator.translate_nbest(lines)]
+        else:
+            translated = translator.translate_with_attention(lines, attention_layer)
+        for nbest, attended in translated:
+            if translator.decode.nbest > 1:
                 for entry in nbest:
                     score = f"{entry.score:.4f}"
                     target.write(f"{number} ||| {entry.text} ||| F0= {score} ||| {score}\n")
-                number += 1
-        else:
-            target.writelines(t + "\n" for t in translator.translate(lines))
+            else:
+                target.write(nbest[0].text + "\n")
+            if attention is not None:
+                record = {"line": number, "weights": None}
+                if attended is not None:
+                    record = {"line": number, **dataclasses.asdict(attended)}
+                attention.write(json.dumps(record, ensure_ascii=False) + "\n")
+            number += 1
         target.flush()
+        if attention is not None:
+            attention.flush()
 
 
 def open_input(path: str) -> BinaryIO:

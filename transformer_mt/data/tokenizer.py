@@ -39,6 +39,10 @@ class Tokenizer:
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.processor.decode(ids)
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """The pieces as SentencePiece spells them ('▁' starts a word; <0xNN>: a byte)."""
+        return [self.processor.id_to_piece(int(i)) for i in ids]
+
 
 @dataclass(frozen=True)
 class Tokenizers:

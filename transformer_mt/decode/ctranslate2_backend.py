@@ -28,6 +28,8 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 FORMAT = "transformer_mt-ctranslate2/1"
 EXPORT_INFO = "transformer_mt.json"
 """Written by tmt-export beside CTranslate2's files: what translating needs besides the model."""
+SPECIAL_PIECES = ["<pad>", "<unk>", "<s>", "</s>"]
+"""SentencePiece's spelling of our PAD, UNK, BOS, EOS (ids 0-3)."""
 CTRANSLATE2_SPECIALS = ["<blank>", "<unk>", "<s>", "</s>"]
 """CTranslate2's padding, unknown, start and end tokens, at our ids PAD, UNK, BOS, EOS (0-3)."""
 RANKING_PENALTY = 1e-6
@@ -66,13 +70,21 @@ def import_ctranslate2():
     return ctranslate2
 
 
-def ctranslate2_vocabulary(tokenizer: Tokenizer) -> list[str]:
-    """The tokenizer's pieces in id order, SentencePiece's <pad> renamed to CTranslate2's <blank>,
-    so that each piece's position in the list is its id."""
+def vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The tokenizer's pieces in id order (each piece's position in the list is its id), checked
+    to start with SPECIAL_PIECES."""
     pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
-    if pieces[:4] != ["<pad>", *CTRANSLATE2_SPECIALS[1:]]:
-        raise DataError(f"{tokenizer.path}: pieces 0-3 are {pieces[:4]}, not <pad> <unk> <s> </s>")
-    return [CTRANSLATE2_SPECIALS[0], *pieces[1:]]
+    if pieces[:4] != SPECIAL_PIECES:
+        raise DataError(
+            f"{tokenizer.path}: pieces 0-3 are {pieces[:4]}, not {' '.join(SPECIAL_PIECES)}"
+        )
+    return pieces
+
+
+def ctranslate2_vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The tokenizer's pieces in id order, SentencePiece's <pad> renamed to CTranslate2's
+    <blank>."""
+    return [CTRANSLATE2_SPECIALS[0], *vocabulary(tokenizer)[1:]]
 
 
 class CTranslate2Search:
@@ -154,6 +166,12 @@ def translator_from_export(
     ctranslate2 = import_ctranslate2()
     folder = Path(folder)
     if not (folder / EXPORT_INFO).is_file():
+        if (folder / "generation_config.json").is_file():
+            raise CheckpointError(
+                f"{folder}: a transformers model (tmt-export format=transformers): load it with "
+                "transformers' MarianMTModel (its README.md shows how); tmt-translate and "
+                "tmt-eval run checkpoints and CTranslate2 exports"
+            )
         raise CheckpointError(f"{folder}: not a folder written by tmt-export (no {EXPORT_INFO})")
     info = json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
     target = resolve_device(device)
@@ -209,24 +227,38 @@ def export_model(
         **(provenance or {}),
     }
     output = Path(output)
-    temporary = output.with_name(f".{output.name}.partial")  # not a checkpoint .*.tmp
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    spec.save(str(temporary))
-    (temporary / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
-    shutil.rmtree(output, ignore_errors=True)
-    os.replace(temporary, output)
+    with replacing_folder(output) as temporary:
+        spec.save(str(temporary))
+        (temporary / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     log.info("exported CTranslate2 model (%s weights) to %s", quantization or "float32", output)
     return output
 
 
-def transformer_spec(model: Transformer):
-    """Our model's weights in a ctranslate2.specs.TransformerSpec (not yet validated)."""
+@contextmanager
+def replacing_folder(output: Path) -> Iterator[Path]:
+    """A new folder to write an export into, which replaces `output` when the block completes
+    (an export that fails leaves the previous one in place)."""
+    temporary = output.with_name(f".{output.name}.partial")  # not a checkpoint .*.tmp
+    shutil.rmtree(temporary, ignore_errors=True)
+    temporary.mkdir(parents=True)
+    yield temporary
+    shutil.rmtree(output, ignore_errors=True)
+    os.replace(temporary, output)
+
+
+def check_exportable(model: Transformer, target: str) -> None:
+    """TransformerMTError unless `model` is our Transformer itself: a subclass may compute
+    something that `target` cannot express."""
     if type(model) is not Transformer:
         raise TransformerMTError(
             f"cannot export a {type(model).__name__}: only transformer_mt.model.Transformer "
-            "maps onto CTranslate2's TransformerSpec"
+            f"maps onto {target}"
         )
+
+
+def transformer_spec(model: Transformer):
+    """Our model's weights in a ctranslate2.specs.TransformerSpec (not yet validated)."""
+    check_exportable(model, "CTranslate2's TransformerSpec")
     specs = import_ctranslate2().specs
     cfg = model.cfg
     spec = specs.TransformerSpec.from_config(

@@ -54,6 +54,7 @@ class ModelSearch:
     def __init__(self, model: Transformer, device: torch.device, *, sampling_seed: int = 1):
         self.model, self.device = model.to(device).eval(), device
         self.max_source_tokens = model.positions.shape[0] - 1  # room for EOS
+        self.decoder_layers = len(model.decoder)
         self.generator = torch.Generator(device=device).manual_seed(sampling_seed)
 
     def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
@@ -89,6 +90,35 @@ class ModelSearch:
             stop_early=decode.stop_early,
             **common,
         )
+
+    def cross_attention(
+        self, sources: list[list[int]], targets: list[list[int]], layer: int
+    ) -> list[list[list[float]]]:
+        """Per pair: decoder layer `layer`'s cross-attention, averaged over heads, of the model
+        reading `target` for `source` (both without EOS): (len(target) + 1) rows of
+        (len(source) + 1) weights, EOS last on both sides."""
+        layers = self.decoder_layers
+        if not -layers <= layer < layers:
+            raise ConfigError(f"attention layer {layer}: the decoder has {layers} layers")
+        src = pad_sequences([np.asarray(s, dtype=np.int64) for s in sources], PAD_ID, suffix=EOS_ID)
+        tgt_in = pad_sequences([np.asarray([BOS_ID, *t], dtype=np.int64) for t in targets], PAD_ID)
+        weights = self.model.cross_attention(src.to(self.device), tgt_in.to(self.device), layer)
+        return [
+            weights[i, : len(t) + 1, : len(s) + 1].float().cpu().tolist()
+            for i, (s, t) in enumerate(zip(sources, targets, strict=True))
+        ]
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """Where the model looked while writing one translation: row i is target piece i (the last
+    row: end of sentence), column j source piece j (the last: end of sentence); each row sums
+    to 1. Cross-attention of one decoder layer, averaged over its heads."""
+
+    source_pieces: list[str]
+    target_pieces: list[str]
+    weights: list[list[float]]  # len(target_pieces) x len(source_pieces)
+    layer: int  # from 0
 
 
 @dataclass(frozen=True)
@@ -181,11 +211,39 @@ class Translator:
     def translate_nbest(self, sentences: list[str]) -> list[list[Translation]]:
         """Up to decode.nbest translations per input sentence, best first, in input order; an
         empty line gives one empty translation with score 0."""
-        nbest = self.nbest_ids(self.encode(sentences))
+        return self.nbest_texts(self.nbest_ids(self.encode(sentences)))
+
+    def nbest_texts(self, nbest: list[list[Hypothesis]]) -> list[list[Translation]]:
         texts = map(
             single_line, self.tokenizers.tgt.decode([h.tokens for hyps in nbest for h in hyps])
         )
         return [[Translation(next(texts), h.score) for h in hyps] for hyps in nbest]
+
+    def translate_with_attention(
+        self, sentences: list[str], layer: int = -1
+    ) -> list[tuple[list[Translation], AttentionMap | None]]:
+        """translate_nbest's lists, each with the cross-attention of decoder layer `layer` behind
+        its best translation (None for an empty line)."""
+        attend = getattr(self.backend, "cross_attention", None)
+        if attend is None:
+            raise ConfigError(
+                f"attention needs a transformer_mt checkpoint, not a {self.backend.name} model"
+            )
+        ids = self.encode(sentences)
+        nbest = self.nbest_ids(ids)
+        sources = [s[: self.max_source_tokens] for s in ids]  # as the search read them
+        targets = [hyps[0].tokens for hyps in nbest]
+        maps: list[AttentionMap | None] = [None] * len(sentences)
+        for batch in self.batches(sources):
+            weights = attend([sources[i] for i in batch], [targets[i] for i in batch], layer)
+            for index, matrix in zip(batch, weights, strict=True):
+                maps[index] = AttentionMap(
+                    source_pieces=[*self.tokenizers.src.pieces(sources[index]), "</s>"],
+                    target_pieces=[*self.tokenizers.tgt.pieces(targets[index]), "</s>"],
+                    weights=matrix,
+                    layer=layer % self.backend.decoder_layers,
+                )
+        return list(zip(self.nbest_texts(nbest), maps, strict=True))
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
         return self.tokenizers.src.encode(

@@ -1,0 +1,147 @@
+"""tmt-serve's API through FastAPI's test clients: translations equal the library's, n-best
+lists, attention, every limit and malformed input, concurrent clients."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+
+import pytest
+
+pytest.importorskip("fastapi", reason="the serve extra is not installed")
+httpx = pytest.importorskip("httpx", reason="the dev extra is not installed")
+
+from fastapi.testclient import TestClient  # noqa: E402
+
+from transformer_mt.commands.train import train  # noqa: E402
+from transformer_mt.config import DecodeConfig  # noqa: E402
+from transformer_mt.data.toy import toy_pairs  # noqa: E402
+from transformer_mt.decode.translator import Translator  # noqa: E402
+from transformer_mt.serve.app import Limits, create_app  # noqa: E402
+
+QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0"]
+LIMITS = Limits(max_request_bytes=4_000, max_lines=8, max_line_chars=200, max_beam_size=6)
+SENTENCES = [en for en, _ in toy_pairs(16, seed=11, max_words=12)]
+
+
+@pytest.fixture(scope="module")
+def translator(tmp_path_factory) -> Translator:
+    from toy_runs import TINY_TRAIN
+
+    from transformer_mt.config import compose_job
+
+    folder = tmp_path_factory.mktemp("serve")
+    job = compose_job(
+        "train",
+        [*TINY_TRAIN, *QUICK, "trainer.max_steps=30", f"run_dir={folder / 'run'}"]
+        + [f"data.prepared_dir={folder / 'prepared'}"],
+    )
+    return Translator.from_run(train(job).parents[1], device="cpu")
+
+
+@pytest.fixture(scope="module")
+def client(translator) -> TestClient:
+    with TestClient(create_app(translator, LIMITS)) as client:
+        yield client
+
+
+def with_decode(translator: Translator, **changes) -> Translator:
+    decode = dataclasses.replace(translator.decode, **changes)
+    return Translator(translator.backend, translator.tokenizers, decode)
+
+
+def test_a_sentence_and_lines_are_translated_as_the_library_does(client, translator):
+    answer = client.post("/translate", json={"text": SENTENCES[0]})
+    assert answer.status_code == 200
+    assert answer.json()["translations"][0]["text"] == translator.translate(SENTENCES[:1])[0]
+    answer = client.post("/translate", json={"lines": SENTENCES[:4], "strategy": "greedy"})
+    assert [t["text"] for t in answer.json()["translations"]] == with_decode(
+        translator, strategy="greedy", beam_size=1
+    ).translate(SENTENCES[:4])
+    assert answer.json()["decode"]["strategy"] == "greedy"
+
+
+def test_nbest_lists_best_first(client, translator):
+    answer = client.post("/translate", json={"lines": SENTENCES[:3], "nbest": 3}).json()
+    expected = with_decode(translator, nbest=3).translate_nbest(SENTENCES[:3])
+    for served, library in zip(answer["translations"], expected, strict=True):
+        assert [(e["text"], e["score"]) for e in served["nbest"]] == [
+            (t.text, pytest.approx(t.score)) for t in library
+        ]
+        scores = [e["score"] for e in served["nbest"]]
+        assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+
+
+def test_attention_rows_sum_to_one_over_the_source_pieces(client):
+    answer = client.post("/translate", json={"text": SENTENCES[1], "attention": True}).json()
+    attention = answer["translations"][0]["attention"]
+    weights = attention["weights"]
+    assert len(weights) == len(attention["target_pieces"])
+    assert attention["target_pieces"][-1] == "</s>" == attention["source_pieces"][-1]
+    for row in weights:
+        assert len(row) == len(attention["source_pieces"])
+        assert sum(row) == pytest.approx(1.0, abs=1e-5)
+    assert attention["layer"] == 1  # the tiny model's last of 2 decoder layers
+    first = client.post(
+        "/translate", json={"text": SENTENCES[1], "attention": True, "attention_layer": 0}
+    ).json()
+    assert first["translations"][0]["attention"]["layer"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ({"lines": ["a"] * 9}, 422, "9 lines: the limit is 8"),
+        ({"text": "x" * 201}, 422, "line 0 has 201 characters: the limit is 200"),
+        ({"text": "a", "beam_size": 7}, 422, "beam_size 7: the limit is 6"),
+        ({"text": "a", "lines": ["b"]}, 422, 'give either "text"'),
+        ({}, 422, 'give either "text"'),
+        ({"text": "a\nb"}, 422, "holds a line break"),
+        ({"text": "a", "beams": 2}, 422, "the request is not valid"),
+        ({"text": "a", "strategy": "nucleus"}, 422, "the request is not valid"),
+        ({"text": "a", "nbest": 0}, 422, "the request is not valid"),
+        ({"text": "a", "attention": True, "attention_layer": 5}, 422, "the decoder has 2 layers"),
+    ],
+)
+def test_every_limit_and_bad_setting_is_a_4xx_with_a_message(client, body, status, message):
+    answer = client.post("/translate", json=body)
+    assert answer.status_code == status
+    said = answer.json()
+    assert message in " ".join([said["detail"], *(e["problem"] for e in said.get("errors", []))])
+
+
+def test_a_request_over_the_size_limit_and_malformed_json(client):
+    answer = client.post("/translate", json={"lines": ["word " * 39] * 30})
+    assert answer.status_code == 413 and "the limit is 4000" in answer.json()["detail"]
+    answer = client.post(
+        "/translate", content=b'{"text": "a",', headers={"content-type": "application/json"}
+    )
+    assert answer.status_code == 422
+    assert answer.json()["errors"][0]["problem"].startswith("Invalid JSON")
+
+
+def test_sixteen_concurrent_clients_are_all_answered_correctly(translator):
+    app = create_app(translator, LIMITS)
+    expected = translator.translate(SENTENCES)
+
+    async def sixteen_at_once() -> list[str]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            answers = await asyncio.gather(
+                *(client.post("/translate", json={"text": s}) for s in SENTENCES)
+            )
+        return [a.json()["translations"][0]["text"] for a in answers]
+
+    assert asyncio.run(sixteen_at_once()) == expected
+    assert sum(app.state.batcher.batch_sizes) == 16  # every request in exactly one batch
+    app.state.batcher.stop()
+
+
+def test_the_page_and_health(client, translator):
+    page = client.get("/")
+    assert page.status_code == 200 and "<textarea" in page.text and "/translate" in page.text
+    assert "https://" not in page.text  # nothing from elsewhere: no CDN
+    health = client.get("/health").json()
+    assert health["status"] == "ok" and health["model"] == translator.origin
+    assert health["decode"] == json.loads(json.dumps(dataclasses.asdict(DecodeConfig())))

@@ -1,0 +1,36 @@
+"""tmt-serve: load the model once, then answer HTTP requests (transformer_mt/serve/app.py) until
+stopped."""
+
+from __future__ import annotations
+
+import logging
+
+from transformer_mt.config import ServeJob, validate_decode
+from transformer_mt.decode.translator import Translator
+from transformer_mt.errors import TransformerMTError
+
+log = logging.getLogger(__name__)
+
+
+def serve(job: ServeJob) -> None:
+    validate_decode(job.decode)
+    try:
+        import uvicorn
+
+        from transformer_mt.serve.app import Limits, create_app
+    except ImportError as error:
+        raise TransformerMTError(
+            f"tmt-serve needs the serve extra ({error.name} is missing): pip install "
+            "'transformer_mt[serve]'"
+        ) from error
+    translator = Translator.from_run(
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device
+    )
+    limits = Limits(
+        max_request_bytes=job.max_request_bytes,
+        max_lines=job.max_lines,
+        max_line_chars=job.max_line_chars,
+        max_beam_size=job.max_beam_size,
+    )
+    log.info("serving %s on http://%s:%d/", job.run_dir, job.host, job.port)
+    uvicorn.run(create_app(translator, limits), host=job.host, port=job.port, log_level="warning")
