@@ -176,6 +176,8 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
                 + "Use a new run_dir, or trainer.resume=force to continue this run with the new "
                 "settings (recorded in history.jsonl)"
             )
+        if cfg.trainer.init_from is not None:
+            log.info("trainer.init_from serves a run's first start only: %s resumes", run)
         return Start(StartKind.resume, state, path, changed, training)
     if cfg.trainer.init_from is not None:
         path = parent_checkpoint(Path(cfg.trainer.init_from))
