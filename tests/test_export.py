@@ -237,3 +237,21 @@ def test_export_config_composes():
     job = compose_job("export", ["run_dir=/tmp/x"])
     assert isinstance(job, ExportJob)
     assert (job.checkpoint, job.output, job.quantization) == ("last.pt", "ctranslate2", None)
+
+
+def test_an_export_ctranslate2_cannot_run_on_the_device_is_one_clear_error(
+    needs_ctranslate2, run_dir, monkeypatch
+):
+    export(ExportJob(run_dir=str(run_dir)))
+    import ctranslate2
+
+    def no_cuda_libraries(*args, **kwargs):
+        raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+
+    monkeypatch.setattr(ctranslate2, "Translator", no_cuda_libraries)
+    with pytest.raises(ConfigError, match=r"cannot run it on cpu \(Library libcublas.*device=cpu"):
+        Translator.from_run(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
+    (run_dir / "checkpoints" / "hf").mkdir()
+    (run_dir / "checkpoints" / "hf" / "generation_config.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="a transformers model"):
+        Translator.from_run(run_dir, "hf", decode=GREEDY, device="cpu")

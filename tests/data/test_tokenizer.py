@@ -29,9 +29,12 @@ def test_train_encode_decode_round_trip(tmp_path):
     assert tokenizer.decode(tokenizer.encode(sentences)) == sentences
 
 
-def test_too_large_vocabulary_names_the_key(tmp_path):
-    with pytest.raises(ConfigError, match="data.vocab_size"):
+def test_a_vocabulary_too_large_or_too_small_says_which(tmp_path):
+    with pytest.raises(ConfigError, match="'data.vocab_size': 5000 is too large"):
         train_tokenizer(["a b c", "d e f"], tmp_path / "spm.model", vocab_size=5000)
+    many_characters = ["".join(chr(0x4E00 + i + j) for j in range(5)) for i in range(0, 400, 5)]
+    with pytest.raises(ConfigError, match="'data.vocab_size': 300 is too small"):
+        train_tokenizer(many_characters, tmp_path / "spm.model", vocab_size=300)
 
 
 def test_reservoir_sample_is_bounded_and_uniform_enough():

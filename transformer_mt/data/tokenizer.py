@@ -126,9 +126,14 @@ def train_tokenizer(
             minloglevel=2,
         )
     except RuntimeError as error:
-        if "Vocabulary size" in str(error) or "vocab_size" in str(error):
-            raise ConfigError(
-                f"config key 'data.vocab_size': {vocab_size} is too large for this corpus ({error})"
-            ) from error
-        raise
+        message = str(error)
+        if "smaller than required_chars" in message:  # the sample's characters need more pieces
+            problem = "is too small: the sample's characters alone need more pieces"
+        elif "Vocabulary size" in message or "vocab_size" in message:
+            problem = "is too large for this corpus"
+        else:
+            raise
+        raise ConfigError(
+            f"config key 'data.vocab_size': {vocab_size} {problem} ({message})"
+        ) from error
     return Tokenizer(model_path)

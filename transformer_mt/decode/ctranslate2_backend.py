@@ -175,13 +175,19 @@ def translator_from_export(
         raise CheckpointError(f"{folder}: not a folder written by tmt-export (no {EXPORT_INFO})")
     info = json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
     target = resolve_device(device)
-    engine = ctranslate2.Translator(
-        str(folder),
-        device=target.type,
-        device_index=target.index or 0,
-        compute_type=compute_type,
-        intra_threads=threads or torch.get_num_threads(),
-    )
+    try:
+        engine = ctranslate2.Translator(
+            str(folder),
+            device=target.type,
+            device_index=target.index or 0,
+            compute_type=compute_type,
+            intra_threads=threads or torch.get_num_threads(),
+        )
+    except (RuntimeError, ValueError) as error:  # e.g. its CUDA build's libraries are missing
+        raise ConfigError(
+            f"{folder}: CTranslate2 {ctranslate2.__version__} cannot run it on {target} "
+            f"({error}); device=cpu runs it on the CPU"
+        ) from error
     tokenizers = load_tokenizers(folder)
     log.info("translating with the CTranslate2 model %s (update %s)", folder, info.get("step"))
     backend = CTranslate2Search(engine, tokenizers, max_positions=int(info["max_positions"]))
