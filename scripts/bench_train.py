@@ -68,6 +68,7 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
+from transformer_mt.decode.transformers_export import marian_shape
 from transformer_mt.device import autocast_dtype, autocast_for
 from transformer_mt.model import count_parameters
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, peak_flops, step_flops
@@ -147,36 +148,6 @@ class OursRunner:
         return self.trainer.train_step(batches).loss
 
 
-def marian_config(model: ModelConfig, vocab_size: int, attention: str = "sdpa"):
-    """A MarianConfig of our model's shape and recipe (post-LN, ReLU, one tied embedding)."""
-    from transformers import MarianConfig
-
-    return MarianConfig(
-        vocab_size=vocab_size,
-        d_model=model.d_model,
-        encoder_layers=model.n_encoder_layers,
-        decoder_layers=model.n_decoder_layers,
-        encoder_attention_heads=model.n_heads,
-        decoder_attention_heads=model.n_heads,
-        encoder_ffn_dim=model.d_ff,
-        decoder_ffn_dim=model.d_ff,
-        dropout=model.dropout,
-        attention_dropout=model.attention_dropout,
-        activation_dropout=0.0,
-        activation_function="relu",
-        max_position_embeddings=model.max_positions,
-        scale_embedding=True,
-        share_encoder_decoder_embeddings=True,
-        tie_word_embeddings=True,
-        pad_token_id=PAD_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        forced_eos_token_id=EOS_ID,
-        decoder_start_token_id=BOS_ID,
-        attn_implementation=attention,
-    )
-
-
 def drop_attention_biases(marian: torch.nn.Module) -> None:
     """Remove the biases of Marian's attention projections, as ours (the paper's W^Q, W^K, W^V,
     W^O are plain matrices); MarianConfig has no switch for them."""
@@ -197,7 +168,10 @@ class MarianRunner:
 
         transformers.logging.set_verbosity_error()
         self.cfg, self.device = job, device
-        self.model = transformers.MarianMTModel(marian_config(job.model, vocab_size, attention))
+        shape = marian_shape(
+            job.model, transformers, vocab_size=vocab_size, attn_implementation=attention
+        )
+        self.model = transformers.MarianMTModel(shape)
         drop_attention_biases(self.model)
         self.model.to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]

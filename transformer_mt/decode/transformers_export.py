@@ -49,7 +49,7 @@ import torch
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from transformer_mt.config import DecodeConfig
+from transformer_mt.config import DecodeConfig, ModelConfig
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, Tokenizers
 from transformer_mt.decode.ctranslate2_backend import (
     SPECIAL_PIECES,
@@ -128,10 +128,25 @@ def marian_config(model: Transformer, tokenizers: Tokenizers, transformers):
             "cannot export model.norm_first=true to transformers: MarianMTModel has post-LN "
             "blocks only (no pre-LN option, no final LayerNorm); format=ctranslate2 takes it"
         )
+    shared = tokenizers.shared
+    return marian_shape(
+        cfg,
+        transformers,
+        vocab_size=tokenizers.tgt.vocab_size,
+        src_vocab_size=None if shared else tokenizers.src.vocab_size,
+    )
+
+
+def marian_shape(
+    cfg: ModelConfig, transformers, *, vocab_size: int, src_vocab_size: int | None = None, **more
+):
+    """A transformers.MarianConfig of our model's shape and recipe: post-LN, ReLU, scaled and
+    tied embeddings (one table for both sides without src_vocab_size), our special tokens; `more`
+    sets other MarianConfig fields (make bench's Marian baseline: attn_implementation)."""
     return transformers.MarianConfig(
-        vocab_size=tokenizers.src.vocab_size,
-        decoder_vocab_size=tokenizers.tgt.vocab_size,
-        share_encoder_decoder_embeddings=tokenizers.shared,
+        vocab_size=src_vocab_size or vocab_size,
+        decoder_vocab_size=vocab_size,
+        share_encoder_decoder_embeddings=src_vocab_size is None,
         tie_word_embeddings=True,
         d_model=cfg.d_model,
         encoder_layers=cfg.n_encoder_layers,
@@ -151,6 +166,7 @@ def marian_config(model: Transformer, tokenizers: Tokenizers, transformers):
         eos_token_id=EOS_ID,
         forced_eos_token_id=EOS_ID,
         decoder_start_token_id=BOS_ID,
+        **more,
     )
 
 
