@@ -49,7 +49,6 @@ device synchronisation.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import math
 import multiprocessing as mp
 import os
@@ -68,8 +67,9 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer_mt.decode.transformers_export import marian_shape
+from transformer_mt.decode.transformers_export import import_transformers, marian_shape
 from transformer_mt.device import autocast_dtype, autocast_for
+from transformer_mt.errors import TransformerMTError
 from transformer_mt.model import count_parameters
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, peak_flops, step_flops
 from transformer_mt.train.loss import label_smoothed_loss
@@ -164,8 +164,7 @@ class MarianRunner:
     def __init__(
         self, job: TrainJob, vocab_size: int, device: torch.device, attention: str = "sdpa"
     ):
-        import transformers
-
+        transformers = import_transformers()
         transformers.logging.set_verbosity_error()
         self.cfg, self.device = job, device
         shape = marian_shape(
@@ -503,11 +502,10 @@ def max_padded(steps: list[list[Batch]]) -> int:
 def marian_available(args) -> bool:
     if args.no_marian:
         return False
-    if importlib.util.find_spec("transformers") is None:
-        print(
-            "transformers is not installed: skipping the Marian column. "
-            'Install it with `pip install -e ".[hf]"` (make bench does this on first use).'
-        )
+    try:
+        import_transformers()
+    except TransformerMTError as error:
+        print(f"{error}; skipping the Marian column (make bench installs it on first use)")
         return False
     return True
 

@@ -280,6 +280,11 @@ def test_pre_norm_and_quantization_are_refused_by_name(separate, tmp_path, monke
     job = ExportJob(run_dir=str(tmp_path), format=ExportFormat.transformers)
     with pytest.raises(TransformerMTError, match=r'pip install -e "\.\[hf\]"'):
         export(job)
+    monkeypatch.setitem(sys.modules, "transformers", transformers)
+    # transformers 5 with a torch older than 2.6: its PyTorch models are off.
+    monkeypatch.setattr(transformers.utils, "is_torch_available", lambda: False)
+    with pytest.raises(TransformerMTError, match=r"cannot use torch .*pip install \"transformers"):
+        export(job)
 
 
 def test_card_says_when_the_score_is_another_updates():

@@ -1,6 +1,7 @@
 """A real install: the wheel, installed (not editable) into a fresh virtual environment outside
 the source tree, runs the commands from another folder with the presets it carries."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from transformer_mt.decode.transformers_export import HF_REQUIREMENT, HF_TORCH_REQUIREMENT
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,9 +57,11 @@ def test_the_installed_wheel_trains_and_translates_from_any_folder(tmp_path):
         ).stdout.strip()
     )
     (site / "borrowed_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # --ignore-installed: where this environment holds a non-editable install of the package
+    # (pip install ".[dev]"), pip would see it through the borrowed path and install nothing.
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install"]
-        + ["--quiet", "--no-deps", "--no-index", str(wheel)],
+        + ["--quiet", "--no-deps", "--no-index", "--ignore-installed", str(wheel)],
         check=True,
     )
 
@@ -88,3 +93,9 @@ def test_the_installed_wheel_trains_and_translates_from_any_folder(tmp_path):
         ["tmt-translate", "run_dir=runs/wheel", "decode=greedy"], "the dog sleeps.\nthe man.\n"
     )
     assert len(output.splitlines()) == 2
+
+
+def test_the_hf_extra_is_what_the_export_asks_for():
+    """The `hf` extra's versions, and the ones that tmt-export's error message names, are one."""
+    (extra,) = re.findall(r"^hf = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    assert re.findall(r'"([^"]+)"', extra) == [HF_REQUIREMENT, HF_TORCH_REQUIREMENT]

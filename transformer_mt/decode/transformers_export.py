@@ -1,4 +1,4 @@
-"""Hugging Face transformers (the optional `hf` extra: transformers>=4.40): our model as a folder
+"""Hugging Face transformers (the optional `hf` extra: HF_REQUIREMENT): our model as a folder
 that `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load with no code of
 ours, with a model card (README.md).
 
@@ -64,6 +64,9 @@ log = logging.getLogger(__name__)
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 SOURCE_VOCAB, TARGET_VOCAB = "vocab.json", "target_vocab.json"
 """MarianTokenizer's file names (its VOCAB_FILES_NAMES)."""
+HF_REQUIREMENT, HF_TORCH_REQUIREMENT = "transformers>=5.17", "torch>=2.6"
+"""The `hf` extra of pyproject.toml (a test holds them equal): the oldest versions tested
+together; transformers 5 turns its PyTorch models off below torch 2.6."""
 
 
 @dataclass(frozen=True)
@@ -85,14 +88,21 @@ class ModelCard:
 
 
 def import_transformers():
-    """The transformers module, or an error saying in one line how to install it."""
+    """The transformers module, or an error saying in one line how to install it or why it cannot
+    use this torch (transformers 5 turns its PyTorch models off below torch 2.6)."""
     try:
         import transformers
     except ImportError:
         raise TransformerMTError(
             'transformers is not installed: pip install -e ".[hf]" (or pip install '
-            '"transformers>=4.40") in this environment'
+            f'"{HF_REQUIREMENT}") in this environment'
         ) from None
+    if not transformers.utils.is_torch_available():
+        raise TransformerMTError(
+            f"transformers {transformers.__version__} cannot use torch {torch.__version__} (it "
+            f'turns its PyTorch models off for this version): pip install "{HF_REQUIREMENT}" '
+            f'"{HF_TORCH_REQUIREMENT}" in this environment'
+        )
     return transformers
 
 
