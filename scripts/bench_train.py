@@ -33,7 +33,8 @@ The FLOP count (transformer_mt/train/flops.py) is the usual matmul estimate, the
 On a GPU (what `make gpu-check` runs, scripts/gpu_check.py):
 
     python scripts/bench_train.py --device cuda --data generated --model base --vocab 37000 \
-        --batch-tokens 32768 --update-tokens 25000 --warmup 2 --steps 15 --block 5 [--compile]
+        --batch-tokens 32768 --update-tokens 25000 --warmup 2 --steps 15 --block 5 [--compile] \
+        [--profile]
 
 --data generated: WMT-like sentence pairs of random pieces (roughly WMT14 en-de's lengths, ids
 Zipf-distributed over --vocab pieces: what a batch costs does not depend on which pieces it
@@ -44,6 +45,10 @@ micro-batches of at most --batch-tokens padded tokens as the trainer plans them
 models. The GPU report gives TFLOP/s, model FLOPs utilisation against the GPU's dense bf16 peak
 (flops.py), and peak GPU memory (allocated by torch) instead of RSS. Each timed block ends with a
 device synchronisation.
+
+--profile (GPU or CPU): after the table, ours runs its last timed update once more under
+torch.profiler (scripts/profile_step.py): time by kind of kernel or operator, the longest ones,
+and how busy the device was over the update's wall time.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from profile_step import StepProfile, profile_update  # scripts/, beside this file
 
 from transformer_mt.config import ModelConfig, Precision, TrainJob, compose_job
 from transformer_mt.data.batching import Batch, collate, plan_batches, token_batches
@@ -265,6 +271,19 @@ def worker(
             "gpu_peak_gib": gpu_memory_gib(device),
         }
     )
+    if device.type == "cuda":  # waiting for the report: leave the GPU's memory to the parent
+        torch.cuda.empty_cache()
+    index = conn.recv()  # after the memory figures, which the profiler's own memory would raise
+    if index is not None:
+        conn.send(profiled(runner, steps[index], device))
+
+
+def profiled(runner, step: list[Batch], device: torch.device) -> StepProfile | str:
+    """One more update under torch.profiler, or what went wrong (the timings stand without it)."""
+    try:
+        return profile_update(lambda: float(runner.step(step)), device)
+    except Exception as error:  # e.g. no CUPTI for the CUDA kernels: report it, keep the rest
+        return f"{type(error).__name__}: {error}"
 
 
 @dataclass
@@ -323,9 +342,19 @@ def run_blocks(columns: list[Column], steps: list[list[Batch]], flops: list[floa
                 column.tokens += tokens
                 column.flops += flops[i]
                 column.loss += loss * tokens
-    for column in columns:
+    for number, column in enumerate(columns):
         column.info |= column.ask(None)
-        column.process.join()
+        if not (args.profile and number == 0):
+            column.conn.send(None)  # not to be profiled: it exits
+            column.process.join()
+
+
+def finish(columns: list[Column], steps: list[list[Batch]], args) -> None:
+    """With --profile, after the report (a profiler that hangs cannot take the timings with it):
+    ours runs its last timed update once more under torch.profiler, then exits."""
+    if args.profile:
+        print_profile(columns[0].ask(len(steps) - 1))
+        columns[0].process.join()
 
 
 # ---- set-up and report ---------------------------------------------------------------------------
@@ -488,10 +517,18 @@ def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: s
     )
     print(
         f"  for scale: torch.mm in {precision} on the output-projection and feed-forward shapes "
-        f"of {max_padded(timed):,} tokens runs at {mm_rate / 1e12:.0f} TFLOP/s here"
+        f"of {max_padded(timed):,} tokens runs at {mm_rate / 1e12:.{0 if mm_rate >= 1e13 else 2}f} "
+        "TFLOP/s here"
     )
     for marian in columns[1:]:
         print(f"  ours / {marian.kind}: {speed_ratios(columns[0], marian)} target tokens/s")
+
+
+def print_profile(profiled: StepProfile | str) -> None:
+    if isinstance(profiled, StepProfile):
+        print("\n".join(profiled.lines("ours: the last timed update once more")))
+    else:
+        print(f"  profile of ours: failed ({profiled})")
 
 
 def max_padded(steps: list[list[Batch]]) -> int:
@@ -539,6 +576,12 @@ def parse_args():
     parser.add_argument("--gpu-report", action="store_true", help=argparse.SUPPRESS)  # on a CPU
     parser.add_argument("--no-marian", action="store_true", help="time our model only")
     parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="then one more update of ours under torch.profiler: where its time goes "
+        "(scripts/profile_step.py)",
+    )
+    parser.add_argument(
         "--marian-eager",
         action="store_true",
         help="also Marian with eager (unfused) attention, transformers' default before SDPA",
@@ -580,16 +623,17 @@ def main() -> None:
         worker_data = data if generated else None  # the workers read the prepared corpus's cache
         columns = [start(kind, job, worker_data, vocab_size, steps, args) for kind in kinds]
         run_blocks(columns, steps, flops, args)
-    loads = (load_before, os.getloadavg()[0])
-    if device.type == "cpu" and not args.gpu_report:
-        peak = matmul_rate(job.model, vocab_size, args.batch_tokens, args.threads)
-        report(columns, args, vocab_size, len(steps) - args.warmup, loads, peak)
-        return
-    dtype = autocast_dtype(device, job.trainer.precision) or torch.float32
-    tokens = max_padded(steps[args.warmup :])
-    mm_rate = matmul_rate(job.model, vocab_size, tokens, args.threads, device, dtype)
-    precision = "bf16 autocast" if dtype == torch.bfloat16 else "fp32"
-    gpu_report(columns, args, vocab_size, steps, precision, mm_rate)
+        loads = (load_before, os.getloadavg()[0])
+        if device.type == "cpu" and not args.gpu_report:
+            peak = matmul_rate(job.model, vocab_size, args.batch_tokens, args.threads)
+            report(columns, args, vocab_size, len(steps) - args.warmup, loads, peak)
+        else:
+            dtype = autocast_dtype(device, job.trainer.precision) or torch.float32
+            tokens = max_padded(steps[args.warmup :])
+            mm_rate = matmul_rate(job.model, vocab_size, tokens, args.threads, device, dtype)
+            precision = "bf16 autocast" if dtype == torch.bfloat16 else "fp32"
+            gpu_report(columns, args, vocab_size, steps, precision, mm_rate)
+        finish(columns, steps, args)  # the profile, if asked for, then ours exits
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ spent:
    beam-search BLEU on its test split (tmt-eval) and its log lines with model FLOPs utilisation;
 3. throughput: model=base and model=big, bf16, on generated WMT-like updates of 25,000 target
    tokens, ours through the Trainer beside transformers' MarianMTModel of the same shape
-   (scripts/bench_train.py): target tokens/s, TFLOP/s, MFU, peak GPU memory;
+   (scripts/bench_train.py): target tokens/s, TFLOP/s, MFU, peak GPU memory, and a profile of
+   one more update of ours (where its GPU time goes, and how busy the GPU was);
 4. decoding: beam 4 on 3,000 generated sentences of WMT length, model=base with random weights,
    ours against CTranslate2 on the GPU (scripts/bench_decode.py --generated): sentences/s;
 5. throughput with trainer.compile=true (ours; Marian is timed in eager mode only, in part 3:
@@ -217,7 +218,7 @@ GPU = Settings(
     device="cuda",
     train_models=("base", "big"),
     train_options="--data generated --vocab 37000 --batch-tokens 32768 --update-tokens 25000 "
-    "--threads 4",
+    "--threads 4 --profile",
     eager_steps="--warmup 2 --steps 15 --block 5",
     compiled_steps="--warmup 2 --steps 15 --block 5",  # the eager run's batches
     decode_options="--generated 3000 --model base --vocab 37000 --threads 4",
@@ -227,7 +228,7 @@ REHEARSAL = Settings(  # --rehearse-on-cpu: every part's code, small, on the CPU
     device="cpu",
     train_models=("tiny",),
     train_options="--data generated --vocab 1000 --batch-tokens 2048 --update-tokens 1500 "
-    "--threads 1 --gpu-report",
+    "--threads 1 --gpu-report --profile",
     eager_steps="--warmup 1 --steps 2 --block 1",
     compiled_steps="--warmup 1 --steps 2 --block 1",
     decode_options="--generated 30 --model tiny --vocab 500 --threads 1",

@@ -4,6 +4,7 @@ unnoticed): every script's --help, and the cheap ones for real at toy size."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
@@ -12,7 +13,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted((ROOT / "scripts").glob("*.py"))
+# The runnable ones; scripts/profile_step.py is a module that bench_train.py imports.
+SCRIPTS = sorted(
+    path
+    for path in (ROOT / "scripts").glob("*.py")
+    if 'if __name__ == "__main__":' in path.read_text()
+)
 
 
 def run(*command: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -36,10 +42,37 @@ def test_bench_train_runs_ours_and_marian_at_toy_size():
         sys.executable,
         "scripts/bench_train.py",
         *("--data", "toy", "--vocab", "2000", "--model", "tiny", "--steps", "1", "--warmup", "0"),
+        "--profile",
     )
     assert done.returncode == 0, done.stderr
     assert "ours (transformer_mt)" in done.stdout and "marian (transformers" in done.stdout
     assert "ours / marian:" in done.stdout
+    profile = done.stdout[done.stdout.index("profile, ours") :].splitlines()
+    assert "CPU operators by torch.profiler" in profile[0]
+    assert profile[1].startswith("    of the busy time: ") and "matmul" in profile[1]
+    assert any(line.endswith("aten::mm") for line in profile[2:])
+
+
+def test_profile_kinds_name_the_kernels_of_a_gpu_update(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    profile_step = importlib.import_module("profile_step")
+    kinds = {
+        "nvjet_tst_192x192_64x4_2x1_v_bz_coopA_TNT": "matmul",  # cuBLAS on Hopper
+        "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "matmul",
+        "aten::addmm": "matmul",
+        "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64, 128>>": "attention",
+        "fmha_cutlassB_bf16_aligned_64x64_k64_sm80": "attention",
+        "triton_per_fused__to_copy_add_native_layer_norm_0": "fused by torch.compile",
+        "void at::native::(anonymous namespace)::fused_dropout_kernel_vec<float>": "dropout",
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>": (
+            "other"
+        ),
+        "void at::native::(anonymous namespace)::cunn_SoftMaxForward<4, float>": (
+            "softmax and loss"
+        ),
+        "void multi_tensor_apply_kernel<FusedAdamMathFunctor<float>>": "optimizer",
+    }
+    assert {name: profile_step.kind_of(name) for name in kinds} == kinds
 
 
 @pytest.mark.slow
