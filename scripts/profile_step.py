@@ -83,7 +83,8 @@ def profile_update(update: Callable[[], object], device: torch.device, top: int 
     totals.sort(key=lambda total: -total[1])
     kinds: dict[str, float] = {}
     for name, seconds, _ in totals:
-        kinds[kind_of(name)] = kinds.get(kind_of(name), 0.0) + seconds
+        kind = kind_of(name)
+        kinds[kind] = kinds.get(kind, 0.0) + seconds
     return StepProfile(
         "GPU kernels" if on_gpu else "CPU operators",
         wall,
