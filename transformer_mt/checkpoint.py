@@ -23,14 +23,22 @@ log = logging.getLogger(__name__)
 
 FORMAT = "transformer_mt/1"
 REQUIRED_KEYS = ("format", "model", "model_config", "vocab_size", "step")
-STEP_FILE = re.compile(r"step_(\d+)\.pt$")
+STEP_FILE = re.compile(r"step_(\d+)\.pt")
 
 
 def save_checkpoint(state: dict[str, Any], path: Path) -> None:
     """Write `state` with the format tag, atomically and durably (files.replacing)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with replacing(path, durable=True) as temporary:
-        torch.save({"format": FORMAT, **state}, temporary)
+    with replacing(path, durable=True) as temporary, temporary.open("wb") as handle:
+        # Through a file object, so that a full disk is an OSError (ENOSPC) of Python's write:
+        # torch's C++ writer turns it into a RuntimeError ("unexpected pos"), but keeps Python's
+        # error as its context; written to a path, the errno would be lost altogether.
+        try:
+            torch.save({"format": FORMAT, **state}, handle)
+        except RuntimeError as error:
+            if isinstance(error.__context__, OSError):
+                raise error.__context__ from error
+            raise
 
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -56,10 +64,19 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     return state
 
 
+TRAINING_NAMES = ("last.pt", "best.pt")
+"""Besides step_N.pt, the names the trainer gives its checkpoints."""
+
+
+def is_training_checkpoint(name: str) -> bool:
+    """Whether `name` is one the trainer gives its checkpoints (which only the trainer writes)."""
+    return name in TRAINING_NAMES or STEP_FILE.fullmatch(name) is not None
+
+
 def step_checkpoints(folder: Path) -> list[Path]:
     """The step_N.pt files in `folder`, oldest (smallest N) first."""
     numbered = sorted(
-        (int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := STEP_FILE.search(p.name))
+        (int(m.group(1)), p) for p in folder.glob("step_*.pt") if (m := STEP_FILE.fullmatch(p.name))
     )
     return [path for _, path in numbered]
 

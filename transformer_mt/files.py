@@ -1,15 +1,21 @@
-"""Files that a killed process can never leave half-written: write beside, then rename."""
+"""Files and folders that a killed process can never leave half-written: write beside, then
+rename; and folders replaced only when they are ours to replace."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from transformer_mt.errors import TransformerMTError
+
 PARTIAL_SUFFIX = ".tmp"
-"""Temporary files are `.{name}.tmp` beside their target; `remove_partial_writes` finds them."""
+"""Temporary files are `.{name}.{random}.tmp` beside their target (a name of their own, so two
+writers of one file never share one); `remove_partial_writes` finds them."""
 
 
 @contextmanager
@@ -17,42 +23,133 @@ def replacing(path: Path, *, durable: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside `path`; when the block succeeds, rename it over `path`.
 
     The temporary file is removed if the block fails. durable: fsync the file before the rename
-    (checkpoints: a power cut must not leave a renamed but empty file)."""
-    temporary = path.with_name(f".{path.name}{PARTIAL_SUFFIX}")
+    and the folder after it (checkpoints: a power cut must leave the old file or the whole new
+    one, never a renamed but empty file)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}")
     try:
         yield temporary
         if durable:
             with temporary.open("rb+") as handle:
                 os.fsync(handle.fileno())
         os.replace(temporary, path)
+        if durable:
+            fsync_path(path.parent)
     finally:
         temporary.unlink(missing_ok=True)
 
 
-def write_text_atomically(path: Path, text: str) -> None:
-    with replacing(path) as temporary:
+def fsync_path(path: Path) -> None:
+    """Flush a file's contents, or a folder's entries (a rename or a new file in it), to the
+    disk. A folder that cannot be opened or synced (Windows, some network file systems) is let
+    be: the rename stands regardless."""
+    is_folder = path.is_dir()
+    try:
+        descriptor = os.open(path, os.O_RDONLY)
+    except OSError:
+        if is_folder:
+            return
+        raise
+    try:
+        os.fsync(descriptor)
+    except OSError:
+        if not is_folder:
+            raise
+    finally:
+        os.close(descriptor)
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_text_atomically(path: Path, text: str, *, durable: bool = False) -> None:
+    with replacing(path, durable=durable) as temporary:
         temporary.write_text(text, encoding="utf-8")
 
 
 def copy_atomically(source: Path, target: Path) -> None:
-    with replacing(target) as temporary:
+    with replacing(target, durable=True) as temporary:
         shutil.copyfile(source, temporary)
 
 
 def link_atomically(source: Path, target: Path) -> None:
     """Make `target` the same file as `source` (a hard link, or a copy where links are not
     supported), so that a file is written once however many names it has."""
-    with replacing(target) as temporary:
-        temporary.unlink(missing_ok=True)
+    with replacing(target, durable=True) as temporary:
         try:
             os.link(source, temporary)
         except OSError:
             shutil.copyfile(source, temporary)
 
 
-def remove_partial_writes(folder: Path) -> list[Path]:
-    """Delete the temporary files of writes that a killed process never finished."""
-    partial = sorted(folder.glob(f".*{PARTIAL_SUFFIX}"))
+def remove_partial_writes(folder: Path, owned: Callable[[str], bool] = lambda name: True):
+    """Delete the temporary files of writes that a killed process never finished, of the targets
+    whose name `owned` accepts (another command may be writing the others right now)."""
+    partial = [
+        path for path in sorted(folder.glob(f".*{PARTIAL_SUFFIX}")) if owned(target_of(path))
+    ]
     for path in partial:
         path.unlink(missing_ok=True)
     return partial
+
+
+def target_of(partial: Path) -> str:
+    """The name of the file a temporary `.NAME.RANDOM.tmp` (or `.NAME.tmp`) was to become."""
+    name = partial.name[1 : -len(PARTIAL_SUFFIX)]
+    stem, dot, tag = name.rpartition(".")
+    is_tag = dot and len(tag) == 8 and all(c in "0123456789abcdef" for c in tag)
+    return stem if is_tag else name
+
+
+class NotOursToReplace(TransformerMTError):
+    """A folder would be replaced that this program did not write (or that holds more)."""
+
+
+def check_replaceable(folder: Path, *, marker: str, what: str) -> Path:
+    """`folder` as an absolute path, if it does not exist or holds `marker`; NotOursToReplace
+    otherwise (see replacing_folder)."""
+    folder = Path(os.path.abspath(folder))  # '.' and '..' resolved, as the renames will see them
+    if folder.exists() and not (folder.is_dir() and (folder / marker).is_file()):
+        raise NotOursToReplace(
+            f"{folder} exists and is not {what} (it has no {marker}): it is left as it is; "
+            "name a new folder, or remove this one yourself"
+        )
+    return folder
+
+
+@contextmanager
+def replacing_folder(folder: Path, *, marker: str, what: str) -> Iterator[Path]:
+    """A new, empty folder beside `folder` to write into; when the block succeeds it takes
+    `folder`'s place, and the folder it replaces (if any) is removed after the swap.
+
+    `folder` is replaced only if it does not exist or holds the file `marker` (which the block
+    must write: it says that the folder is `what`, ours to replace); anything else is refused
+    before anything is written, so that no path a user names is ever deleted. A block that fails
+    leaves the previous folder as it was; a kill between the two renames leaves it beside, as
+    `.NAME.old-*`."""
+    folder = check_replaceable(folder, marker=marker, what=what)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tag = secrets.token_hex(4)
+    temporary = folder.with_name(f".{folder.name}.partial-{tag}")
+    old = folder.with_name(f".{folder.name}.old-{tag}")
+    temporary.mkdir()
+    try:
+        yield temporary
+        if not (temporary / marker).is_file():
+            raise AssertionError(f"the block did not write {marker}")  # a bug of ours
+        if folder.exists():
+            os.replace(folder, old)
+        try:
+            os.replace(temporary, folder)
+        except BaseException:
+            if old.exists():
+                os.replace(old, folder)  # the previous folder back in its place
+            raise
+        fsync_path(folder.parent)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(temporary, ignore_errors=True)

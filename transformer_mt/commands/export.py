@@ -10,7 +10,9 @@ from transformer_mt.checkpoint import config_dict, load_checkpoint, model_from_c
 from transformer_mt.config import ExportFormat, ExportJob
 from transformer_mt.data.sources import corpus_identity
 from transformer_mt.decode import ctranslate2_backend, transformers_export
+from transformer_mt.decode.ctranslate2_backend import EXPORT_INFO, EXPORTED
 from transformer_mt.errors import ConfigError
+from transformer_mt.files import check_replaceable
 from transformer_mt.run_dir import RunDir
 
 
@@ -26,11 +28,12 @@ def export(job: ExportJob) -> Path:
     else:
         ctranslate2_backend.import_ctranslate2()
     run = RunDir(job.run_dir)
+    output = run.checkpoint(job.output)
+    check_replaceable(output, marker=EXPORT_INFO, what=EXPORTED)  # before any work
     path = run.checkpoint(job.checkpoint)
     state = load_checkpoint(path)
     tokenizers = run.tokenizers()
     model = model_from_checkpoint(state, path, tokenizers)
-    output = run.checkpoint(job.output)
     if job.format == ExportFormat.transformers:
         card = model_card(run, path, state)
         return transformers_export.export_model(model, tokenizers, output, card=card)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
+from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from transformer_mt.config import TranslateJob
@@ -20,9 +22,13 @@ from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import TransformerMTError
 
 CHUNK_LINES = 10_000
+ATTENTION_CHUNK_LINES = 100
+"""With attention=FILE, a chunk's attention maps are held until written: (T+1) x (S+1) floats a
+line, about 40k for 200-piece sentences, so chunks are kept small."""
 
 
 def translate(job: TranslateJob) -> None:
+    check_distinct_files(job)  # before anything is opened for writing
     translator = Translator.from_run(
         job.run_dir, job.checkpoint, decode=job.decode, device=job.device
     )
@@ -45,7 +51,7 @@ def translate(job: TranslateJob) -> None:
             source,
             name,
             target,
-            1 if interactive else CHUNK_LINES,
+            1 if interactive else CHUNK_LINES if attention is None else ATTENTION_CHUNK_LINES,
             attention=attention,
             attention_layer=job.attention_layer,
         )
@@ -87,6 +93,26 @@ def translate_stream(
         target.flush()
         if attention is not None:
             attention.flush()
+
+
+def check_distinct_files(job: TranslateJob) -> None:
+    """TransformerMTError when two of input, output and attention name one file (also through
+    links): opening an output truncates it, which would destroy the input before it is read."""
+    files = {"input": job.input, "output": job.output, "attention": job.attention}
+    named = [(key, path) for key, path in files.items() if path is not None]
+    for index, (key, path) in enumerate(named):
+        for earlier_key, earlier in named[:index]:
+            if same_file(Path(earlier), Path(path)):
+                raise TransformerMTError(
+                    f"{key}={path} is the same file as {earlier_key}={earlier}: writing it would "
+                    f"destroy {earlier_key} first; name another file"
+                )
+
+
+def same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return os.path.samefile(a, b)
+    return a.resolve() == b.resolve()
 
 
 def open_input(path: str) -> BinaryIO:

@@ -26,10 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -40,12 +36,15 @@ from transformer_mt.decode.search import Hypothesis, length_penalty
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import resolve_device
 from transformer_mt.errors import CheckpointError, ConfigError, DataError, TransformerMTError
+from transformer_mt.files import replacing_folder
 from transformer_mt.model import DecoderLayer, EncoderLayer, Transformer
 
 log = logging.getLogger(__name__)
 FORMAT = "transformer_mt-ctranslate2/1"
 EXPORT_INFO = "transformer_mt.json"
-"""Written by tmt-export beside CTranslate2's files: what translating needs besides the model."""
+"""Written by tmt-export into every folder it writes (beside CTranslate2's files: what translating
+needs besides the model): the mark of a folder that a new export may replace."""
+EXPORTED = "a model folder written by tmt-export"
 SPECIAL_PIECES = ["<pad>", "<unk>", "<s>", "</s>"]
 """SentencePiece's spelling of our PAD, UNK, BOS, EOS (ids 0-3)."""
 CTRANSLATE2_SPECIALS = ["<blank>", "<unk>", "<s>", "</s>"]
@@ -165,13 +164,13 @@ def translator_from_export(
     torch uses)."""
     ctranslate2 = import_ctranslate2()
     folder = Path(folder)
+    if (folder / "generation_config.json").is_file():
+        raise CheckpointError(
+            f"{folder}: a transformers model (tmt-export format=transformers): load it with "
+            "transformers' MarianMTModel (its README.md shows how); tmt-translate and "
+            "tmt-eval run checkpoints and CTranslate2 exports"
+        )
     if not (folder / EXPORT_INFO).is_file():
-        if (folder / "generation_config.json").is_file():
-            raise CheckpointError(
-                f"{folder}: a transformers model (tmt-export format=transformers): load it with "
-                "transformers' MarianMTModel (its README.md shows how); tmt-translate and "
-                "tmt-eval run checkpoints and CTranslate2 exports"
-            )
         raise CheckpointError(f"{folder}: not a folder written by tmt-export (no {EXPORT_INFO})")
     info = json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
     target = resolve_device(device)
@@ -233,23 +232,11 @@ def export_model(
         **(provenance or {}),
     }
     output = Path(output)
-    with replacing_folder(output) as temporary:
+    with replacing_folder(output, marker=EXPORT_INFO, what=EXPORTED) as temporary:
         spec.save(str(temporary))
         (temporary / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     log.info("exported CTranslate2 model (%s weights) to %s", quantization or "float32", output)
     return output
-
-
-@contextmanager
-def replacing_folder(output: Path) -> Iterator[Path]:
-    """A new folder to write an export into, which replaces `output` when the block completes
-    (an export that fails leaves the previous one in place)."""
-    temporary = output.with_name(f".{output.name}.partial")  # not a checkpoint .*.tmp
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    yield temporary
-    shutil.rmtree(output, ignore_errors=True)
-    os.replace(temporary, output)
 
 
 def check_exportable(model: Transformer, target: str) -> None:

@@ -52,15 +52,20 @@ from torch import Tensor, nn
 from transformer_mt.config import DecodeConfig, ModelConfig
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, Tokenizers
 from transformer_mt.decode.ctranslate2_backend import (
+    EXPORT_INFO,
+    EXPORTED,
     SPECIAL_PIECES,
     check_exportable,
-    replacing_folder,
     vocabulary,
 )
 from transformer_mt.errors import TransformerMTError
+from transformer_mt.files import replacing_folder
 from transformer_mt.model import DecoderLayer, EncoderLayer, Transformer
 
 log = logging.getLogger(__name__)
+FORMAT = "transformer_mt-transformers/1"
+"""The format tag of the export's transformer_mt.json (its provenance, and the mark that a new
+export may replace the folder)."""
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 SOURCE_VOCAB, TARGET_VOCAB = "vocab.json", "target_vocab.json"
 """MarianTokenizer's file names (its VOCAB_FILES_NAMES)."""
@@ -120,11 +125,13 @@ def export_model(
     marian.load_state_dict(marian_state_dict(model, marian), strict=True)
     marian.generation_config = generation_config(model.cfg.max_positions, transformers)
     output = Path(output)
-    with replacing_folder(output) as temporary:
+    with replacing_folder(output, marker=EXPORT_INFO, what=EXPORTED) as temporary:
         marian.save_pretrained(temporary)
         save_tokenizer(tokenizers, temporary, model.cfg.max_positions, transformers)
         readme = model_card(card, model, tokenizers, output.resolve())
         (temporary / "README.md").write_text(readme, encoding="utf-8")
+        info = {"format": FORMAT, "checkpoint": card.checkpoint, "step": card.step}
+        (temporary / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     log.info("exported a transformers MarianMTModel (update %d) to %s", card.step, output)
     return output
 

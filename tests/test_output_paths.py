@@ -1,0 +1,117 @@
+"""No command deletes what it did not create: every output path is checked before anything is
+written, and a refusal leaves every file byte-identical."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_cli import train_one_update
+
+from transformer_mt.files import NotOursToReplace, replacing_folder
+
+BIN = Path(sys.executable).parent
+pytestmark = pytest.mark.slow
+
+
+def run(command: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / command), *args], input=stdin, capture_output=True, timeout=300
+    )
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file under `folder` (relative path -> sha256 of its bytes)."""
+    return {
+        str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("trained")
+    train_one_update(folder)
+    return folder
+
+
+def refused_one_line(result: subprocess.CompletedProcess, *fragments: str) -> str:
+    stderr = result.stderr.decode()
+    assert result.returncode == 2, stderr
+    assert "Traceback" not in stderr
+    for fragment in fragments:
+        assert fragment in stderr, stderr
+    return stderr
+
+
+@pytest.mark.parametrize("output", [".", "..", "RUN", "RUN/checkpoints", "UNRELATED"])
+@pytest.mark.parametrize("export_format", ["ctranslate2", "transformers"])
+def test_an_export_never_replaces_a_folder_that_is_not_an_export(
+    trained, tmp_path, output, export_format
+):
+    run_dir = trained / "run"
+    unrelated = tmp_path / "photos"
+    unrelated.mkdir()
+    (unrelated / "holiday.jpg").write_bytes(b"\xff\xd8 not ours")
+    output = output.replace("RUN", str(run_dir)).replace("UNRELATED", str(unrelated))
+    before, before_unrelated = snapshot(trained), snapshot(unrelated)
+    result = run("tmt-export", f"run_dir={run_dir}", f"output={output}", f"format={export_format}")
+    refused_one_line(result, "is not a model folder written by tmt-export", "left as it is")
+    assert snapshot(trained) == before
+    assert snapshot(unrelated) == before_unrelated
+
+
+def test_an_export_replaces_its_own_previous_export(trained, tmp_path):
+    output = tmp_path / "ct2"
+    for _ in range(2):  # the second replaces the first
+        result = run("tmt-export", f"run_dir={trained / 'run'}", f"output={output}")
+        assert result.returncode == 0, result.stderr.decode()
+    assert (output / "model.bin").is_file() and (output / "transformer_mt.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # nothing left beside it
+
+
+def test_a_failed_export_leaves_the_previous_one_in_place(tmp_path):
+    folder = tmp_path / "export"
+    with replacing_folder(folder, marker="mark", what="ours") as temporary:
+        (temporary / "mark").write_text("1")
+    with pytest.raises(RuntimeError), replacing_folder(folder, marker="mark", what="ours") as new:
+        (new / "mark").write_text("2")
+        raise RuntimeError("the exporter failed half way")
+    assert (folder / "mark").read_text() == "1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    (folder / "mark").unlink()  # no longer ours: refused, untouched
+    (folder / "kept").write_text("x")
+    with pytest.raises(NotOursToReplace), replacing_folder(folder, marker="mark", what="ours"):
+        pass
+    assert sorted(p.name for p in folder.iterdir()) == ["kept"]
+
+
+def test_translate_refuses_an_output_that_is_its_input(trained, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("the dog sees the cat .\n", encoding="utf-8")
+    link = tmp_path / "link.txt"
+    os.symlink(source, link)
+    run_dir = f"run_dir={trained / 'run'}"
+    cases = [
+        (f"input={source}", f"output={source}"),
+        (f"input={source}", f"output={link}"),  # the same file through a link
+        (f"input={source}", f"output={tmp_path / 'out.txt'}", f"attention={source}"),
+        (f"input={source}", f"output={tmp_path / 'o.txt'}", f"attention={tmp_path / 'o.txt'}"),
+    ]
+    for case in cases:
+        refused_one_line(run("tmt-translate", run_dir, *case), "is the same file as")
+        assert source.read_text(encoding="utf-8") == "the dog sees the cat .\n"
+    assert not (tmp_path / "out.txt").exists() and not (tmp_path / "o.txt").exists()
+
+
+@pytest.mark.parametrize("name", ["last.pt", "best.pt", "step_1.pt"])
+def test_average_refuses_the_names_of_training_checkpoints(trained, name):
+    before = snapshot(trained)
+    result = run("tmt-average", f"run_dir={trained / 'run'}", "last=1", f"output={name}")
+    refused_one_line(result, "config key 'output'", "name of a training checkpoint")
+    assert snapshot(trained) == before
