@@ -7,6 +7,7 @@ typed job and calls the plain function of its module in commands/. User mistakes
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 import time
@@ -49,6 +50,18 @@ def run_reporting_errors(task: Callable[[], None]) -> None:
     except TransformerMTError as error:
         log.error("%s", error)
         log.debug("the error's origin (hydra.verbose=true shows this):", exc_info=error)
+        sys.exit(2)
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # Every file is written beside its target and renamed when complete, so a full disk
+        # leaves the previous version of whatever was being written.
+        where = f" writing {error.filename}" if error.filename else ""
+        log.error(
+            "the disk is full (%s%s): nothing was left half-written; free space and rerun",
+            error.strerror,
+            where,
+        )
         sys.exit(2)
 
 

@@ -15,11 +15,13 @@ scores. Every command reads and writes it through `RunDir`, so its layout is wri
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data.prepare import PreparedData, prepare, prepared_folder
@@ -57,6 +59,10 @@ class RunDir:
             return candidate
         return self.checkpoints / name
 
+    def written_by_training(self, name: str) -> bool:
+        """Whether tmt-train writes the file `name` of the folder's top level."""
+        return name in (self.CONFIG, self.PREPARED, *TOKENIZER_FILES)
+
     def lock(self) -> RunLock:
         """The exclusive lock of a command that writes the folder (RunFolderInUse if held)."""
         return RunLock(self.path / self.LOCK)
@@ -69,34 +75,73 @@ class RunDir:
 
     def saved_config(self) -> dict | None:
         """config.yaml as plain values, or None before the run's first start."""
+        config = self.load_config()
+        return None if config is None else OmegaConf.to_container(config)
+
+    def load_config(self):
+        """config.yaml as OmegaConf read it, None if there is none; ConfigError if unreadable."""
         config_path = self.path / self.CONFIG
         if not config_path.is_file():
             return None
-        return OmegaConf.to_container(OmegaConf.load(config_path))
+        try:
+            config = OmegaConf.load(config_path)
+        except Exception as error:  # yaml's errors, a decoding error, a folder of that name
+            raise ConfigError(self.unreadable_config(f"not valid YAML ({error})")) from None
+        if not isinstance(config, DictConfig) or "data" not in config:
+            raise ConfigError(self.unreadable_config("it has no data settings"))
+        return config
+
+    def unreadable_config(self, why: str) -> str:
+        return (
+            f"{self.path / self.CONFIG} is unreadable: {why}; restore it from a backup, or "
+            "delete it and run tmt-train with the run's settings, which writes it anew (the "
+            "checkpoint still checks the data and the model shape)"
+        )
 
     def append_history(self, record: dict) -> None:
-        """One JSON line appended to history.jsonl (flushed to disk: it is the run's record)."""
+        """One JSON line appended to history.jsonl (flushed to disk: it is the run's record), in
+        one write; a write cut short (a full disk) is undone, so no line is ever torn."""
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / self.HISTORY, "a", encoding="utf-8") as history:
-            history.write(json.dumps(record, ensure_ascii=False) + "\n")
-            history.flush()
-            os.fsync(history.fileno())
+        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        handle = os.open(self.path / self.HISTORY, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.lseek(handle, 0, os.SEEK_END)
+            try:
+                if os.write(handle, line) != len(line):
+                    raise OSError(errno.ENOSPC, "short write")
+                os.fsync(handle)
+            except OSError:
+                with contextlib.suppress(OSError):  # the write's error is the one to report
+                    os.ftruncate(handle, start)
+                raise
+        finally:
+            os.close(handle)
 
     def history(self) -> list[dict]:
+        """The records of history.jsonl (a line that does not parse, e.g. from an older
+        version's write cut short by a full disk, is skipped)."""
         path = self.path / self.HISTORY
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+        records = []
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                records.append(json.loads(line))
+        return records
 
     def data_config(self) -> DataConfig:
         """The data configuration the run was trained with."""
-        config_path = self.path / self.CONFIG
-        if not config_path.is_file():
+        saved = self.load_config()
+        if saved is None:
             raise ConfigError(
-                f"{config_path} not found: is '{self.path}' a run folder written by tmt-train?"
+                f"{self.path / self.CONFIG} not found: is '{self.path}' a run folder written by "
+                "tmt-train?"
             )
-        saved = OmegaConf.load(config_path)
-        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data))
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(DataConfig), saved.data)
+            return OmegaConf.to_object(merged)
+        except Exception as error:  # omegaconf's validation errors name the key
+            raise ConfigError(self.unreadable_config(f"its data settings: {error}")) from None
 
     # ---- data and tokenizers -----------------------------------------------------------------
     def prepare(self, cfg: DataConfig) -> PreparedData:

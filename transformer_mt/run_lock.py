@@ -28,8 +28,15 @@ class RunLock:
         self.handle = None
 
     def __enter__(self) -> RunLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  (held until __exit__)
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            handle = open(self.path, "a+", encoding="utf-8")  # noqa: SIM115  (held until __exit__)
+        except OSError as error:  # a file of that name, no permission, a read-only file system
+            raise TransformerMTError(
+                f"run_dir={folder}: cannot write the run folder ({error.strerror}): name a folder "
+                "you can write to"
+            ) from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -40,6 +47,14 @@ class RunLock:
                 f"{self.path.parent} is in use by {holder}: one training command per run folder "
                 "(eval and translate may read it meanwhile); wait for it to end, stop it, or use "
                 "another run_dir"
+            ) from None
+        except OSError as error:  # ENOLCK, ENOSYS, EOPNOTSUPP: this file system cannot lock
+            handle.close()
+            raise TransformerMTError(
+                f"run_dir={folder}: its file system cannot lock files ({error.strerror}), so one "
+                "writer per run folder cannot be guaranteed: put run_dir on a local disk or a "
+                "file system with working flock (NFS with its lock service, Lustre mounted with "
+                "flock)"
             ) from None
         holder = {
             "host": socket.gethostname(),

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.commands.train import train
 from transformer_mt.config import compose_job
 from transformer_mt.data.batching import target_fill, token_batches
 from transformer_mt.data.prepare import prepare
+from transformer_mt.errors import TransformerMTError
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.trainer import Trainer
 
@@ -135,10 +137,14 @@ def rank_process(
     clock_speed: float = 1.0,
     sigterm_at: int = 0,
     prepare_delay: float = 0.0,
+    extra: tuple[str, ...] = (),
+    resume_step: int = 0,
 ) -> None:
     """One of two gloo ranks, in a spawned process: trains, then writes the update it stopped at
     and why. `clock_speed` makes this rank's clock run faster; `sigterm_at` sends it SIGTERM after
-    that update (0: never); `prepare_delay` seconds are added to its data preparation."""
+    that update (0: never); `prepare_delay` seconds are added to its data preparation; `extra`:
+    overrides of this rank only; `resume_step`: this rank finds step_N.pt as the newest checkpoint
+    (as a stale directory listing on its node would). An error is written to rankN.error."""
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -173,13 +179,26 @@ def rank_process(
         step_then_signal,
         slow_prepare,
     )
-    train(compose_job("train", overrides))
+    if resume_step:
+        from transformer_mt.train import start
+
+        def stale_listing(folder):
+            path = Path(folder) / f"step_{resume_step}.pt"
+            return load_checkpoint(path), path
+
+        start.load_newest_readable = stale_listing
+    job = compose_job("train", [*overrides, *extra])
+    try:
+        train(job)
+    except TransformerMTError as error:
+        Path(job.run_dir, f"rank{rank}.error").write_text(str(error))
+        raise
 
 
-def run_two_ranks(overrides: list[str], *options: dict) -> None:
+def run_two_ranks(overrides: list[str], *options: dict, succeed: bool = True) -> None:
     """Ranks 0 and 1 (with rank_process's keyword `options`) must both finish, with exit status
-    0, within two minutes: ranks that disagree on when to stop enter different collectives and
-    hang until the process-group timeout instead."""
+    0 (or both 1 when not `succeed`), within two minutes: ranks that disagree on when to stop
+    enter different collectives and hang until the process-group timeout instead."""
     context = multiprocessing.get_context("spawn")
     port = free_port()
     processes = [
@@ -195,7 +214,7 @@ def run_two_ranks(overrides: list[str], *options: dict) -> None:
         if process.is_alive():
             process.kill()
     assert not hung, "ranks did not finish: they disagreed about stopping"
-    assert [process.exitcode for process in processes] == [0, 0]
+    assert [process.exitcode for process in processes] == [0 if succeed else 1] * 2
 
 
 def stopped_at(run_dir: Path) -> list[str]:
@@ -244,3 +263,30 @@ def test_ranks_wait_for_a_preparation_longer_than_the_rank_timeout(same_batches,
     # far below even on a loaded machine.
     run_two_ranks(overrides, {"prepare_delay": 30.0}, {})
     assert stopped_at(tmp_path / "run")[1].startswith("2 reached trainer.max_steps=2")
+
+
+def test_ranks_that_would_prepare_different_folders_both_stop_with_the_reason(
+    same_batches, tmp_path
+):
+    # Another data setting on one rank (as another corpus on one node would be): without the
+    # check, rank 1 waits for a prepared folder that rank 0 never builds.
+    run_dir = tmp_path / "run"
+    overrides = [*same_batches, "trainer.max_steps=2", f"run_dir={run_dir}"]
+    run_two_ranks(overrides, {}, {"extra": ("data.vocab_size=390",)}, succeed=False)
+    for rank in range(2):
+        message = (run_dir / f"rank{rank}.error").read_text()
+        assert "the ranks planned different starts (prepared folder: rank 0: " in message
+        assert "rank 1: " in message
+    assert not (run_dir / "checkpoints").exists()  # refused before training
+
+
+def test_ranks_that_would_resume_different_checkpoints_both_stop(same_batches, tmp_path):
+    run_dir = tmp_path / "run"
+    first = [*same_batches, "trainer.checkpoint_every=2", f"run_dir={run_dir}"]
+    train(compose_job("train", [*first, "trainer.max_steps=4"]))
+    run_two_ranks([*first, "trainer.max_steps=6"], {}, {"resume_step": 2}, succeed=False)
+    for rank in range(2):
+        message = (run_dir / f"rank{rank}.error").read_text()
+        assert "(checkpoint: rank 0: " in message and "step_4.pt (update 4)" in message
+        assert "step_2.pt (update 2)" in message
+    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 4

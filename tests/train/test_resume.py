@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 
 import pytest
 import torch
@@ -110,9 +109,9 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tiny_train_job, monkeypa
     last = train(tiny_train_job("trainer.max_steps=2", *QUICK))
     real_save = torch.save
 
-    def disk_fills_up(obj, path, *args, **kwargs):
-        real_save(obj, path, *args, **kwargs)
-        os.truncate(path, 1000)
+    def disk_fills_up(obj, handle, *args, **kwargs):  # save_checkpoint passes an open file
+        real_save(obj, handle, *args, **kwargs)
+        handle.truncate(1000)
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(checkpoint_module.torch, "save", disk_fills_up)

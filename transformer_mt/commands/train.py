@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import json
 import logging
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from transformer_mt.data.prepare import (
 )
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import autocast_for, keep_freed_host_memory
+from transformer_mt.errors import ConfigError, TransformerMTError
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.run_dir import RunDir
@@ -60,7 +62,7 @@ def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device, overrides: li
         cfg.data.dir = str(Path(cfg.data.dir).resolve())
     use_parent_tokenizer(cfg)
     # Every check before the first write: a refused command leaves the run folder as it was.
-    start = plan_start(cfg, run, prepared_folder(cfg.data))
+    start = agreed_start(cfg, run, ranks)
     if not ranks.is_main:
         logging.getLogger("transformer_mt").setLevel(logging.WARNING)
         return train_started(cfg, run, start, ranks, device, overrides)
@@ -73,6 +75,37 @@ def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device, overrides: li
                 ", ".join(str(difference) for difference in start.forced),
             )
         return train_started(cfg, run, start, ranks, device, overrides)
+
+
+def agreed_start(cfg: TrainJob, run: RunDir, ranks: Ranks) -> Start:
+    """This rank's start (train/start.plan_start), once every rank has planned the same one: the
+    same prepared folder (another corpus or setting on one node would make the others wait for
+    a folder that never appears) and the same checkpoint (a stale listing on one node must not
+    resume another step). Every rank raises when one refuses or when they differ."""
+    folder, start, refusal = prepared_folder(cfg.data), None, None
+    try:
+        start = plan_start(cfg, run, folder)
+    except TransformerMTError as error:
+        refusal = error
+    resumed = f"{start.path} (update {start.step})" if start and start.path else "none"
+    mine = {"refused": str(refusal or ""), "prepared folder": folder.name, "checkpoint": resumed}
+    views = [json.loads(view) for view in ranks.gather_text(json.dumps(mine))]
+    if refusal is not None:
+        raise refusal
+    for rank, view in enumerate(views):
+        if view["refused"]:
+            raise TransformerMTError(
+                f"rank {rank} cannot start, so no rank does: {view['refused']}"
+            )
+    for key in ("prepared folder", "checkpoint"):
+        if len({view[key] for view in views}) > 1:
+            listing = "; ".join(f"rank {rank}: {view[key]}" for rank, view in enumerate(views))
+            raise ConfigError(
+                f"the ranks planned different starts ({key}: {listing}): every rank must read "
+                "the same corpus (data.dir, by content) with the same settings, and the run "
+                "folder from a file system all nodes share"
+            )
+    return start
 
 
 def train_started(
@@ -114,7 +147,7 @@ def train_started(
     except BaseException as error:
         if ranks.is_main:
             step = trainer.progress.step if trainer is not None else first_step
-            run.append_history(end_record("error", describe_error(error), step))
+            record_end(run, end_record("error", describe_error(error), step))
         raise
     if ranks.is_main:
         how = "stop signal" if trainer.stop_signalled else "finished"
@@ -200,6 +233,15 @@ def start_record(start: Start, overrides: list[str], ranks: Ranks, device: torch
         "world_size": ranks.world_size,
         "device": str(device),
     }
+
+
+def record_end(run: RunDir, record: dict) -> None:
+    """The end record of a run that failed, if the disk takes it: a full disk, the usual cause,
+    must not bury the error that says which checkpoint is intact."""
+    try:
+        run.append_history(record)
+    except OSError as error:
+        log.warning("could not record the end in %s (%s)", run.path / run.HISTORY, error.strerror)
 
 
 def end_record(how: str, reason: str, step: int) -> dict:

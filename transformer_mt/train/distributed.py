@@ -59,6 +59,19 @@ class Ranks:
         dist.all_gather(gathered, tensor, group=self.control)
         return gathered
 
+    def gather_text(self, text: str) -> list[str]:
+        """Every rank's `text`, in rank order (UTF-8 bytes over the control group; no pickle)."""
+        if not self.distributed:
+            return [text]
+        encoded = torch.tensor(list(text.encode("utf-8")), dtype=torch.uint8)
+        lengths = [int(n) for n in self.gather(torch.tensor([len(encoded)]))]
+        padded = torch.zeros(max(lengths), dtype=torch.uint8)
+        padded[: len(encoded)] = encoded
+        gathered = self.gather(padded)
+        return [
+            bytes(t[:n].tolist()).decode("utf-8") for t, n in zip(gathered, lengths, strict=True)
+        ]
+
     def barrier(self) -> None:
         if self.distributed:
             dist.barrier(group=self.control)

@@ -44,6 +44,7 @@ class Progress:
     train_seconds: float = 0.0
     skipped_updates: int = 0  # non-finite gradients
     best_score: float | None = None  # validation BLEU, or -loss when BLEU is off
+    best_step: int | None = None  # the update best_score was measured at (best.pt's)
     validations_without_improvement: int = 0
 
     @classmethod

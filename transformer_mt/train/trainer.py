@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 import math
+import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +20,12 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import config_dict, prune_step_checkpoints, save_checkpoint
+from transformer_mt.checkpoint import (
+    config_dict,
+    is_training_checkpoint,
+    prune_step_checkpoints,
+    save_checkpoint,
+)
 from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import Batch, BatchDataset, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData
@@ -173,16 +181,7 @@ class Trainer:
             try:
                 save_checkpoint(state, step_path)
             except OSError as error:
-                previous = self.checkpoint_dir / "last.pt"
-                kept = (
-                    f"the previous checkpoint {previous} is intact"
-                    if previous.is_file()
-                    else "there is no previous checkpoint"
-                )
-                raise CheckpointError(
-                    f"could not write checkpoint {step_path} ({error}); {kept}: free space and "
-                    "rerun the same command to continue from it"
-                ) from error
+                raise CheckpointError(self.unwritten(step_path, error)) from error
             if best:  # before last.pt: a resume from an older last.pt re-judges this step
                 link_atomically(step_path, self.checkpoint_dir / "best.pt")
             link_atomically(step_path, self.checkpoint_dir / "last.pt")
@@ -191,17 +190,54 @@ class Trainer:
         self.last_save_time = time.monotonic()
         return step_path
 
+    def unwritten(self, step_path: Path, error: OSError) -> str:
+        """What a failed checkpoint write means for the user: which checkpoint is intact."""
+        previous = self.checkpoint_dir / "last.pt"
+        kept = (
+            f"the previous checkpoint {previous} (update {self.saved_step}) is intact"
+            if previous.is_file()
+            else "there is no previous checkpoint"
+        )
+        cause = error.strerror or str(error)
+        if error.errno == errno.ENOSPC:
+            free = shutil.disk_usage(self.checkpoint_dir).free / 2**20
+            cause = f"{cause}: the disk is full, {free:.0f} MiB free"
+        return (
+            f"could not write checkpoint {step_path} ({cause}); {kept}: free space and rerun "
+            "the same command to continue from it"
+        )
+
     def begin(self, start: Start) -> None:
         """Resume the checkpoint, or take a parent's weights (fine-tuning), as `start` says."""
-        if self.ranks.is_main and self.checkpoint_dir.is_dir():
-            for path in remove_partial_writes(self.checkpoint_dir):
-                log.info("removed %s, left by an interrupted checkpoint write", path.name)
+        if self.ranks.is_main:
+            # Only what tmt-train writes: tmt-eval or tmt-average may be writing the rest now.
+            owned = {
+                self.run.path: self.run.written_by_training,
+                self.checkpoint_dir: is_training_checkpoint,
+            }
+            for folder, ours in owned.items():
+                for path in remove_partial_writes(folder, ours) if folder.is_dir() else ():
+                    log.info("removed %s, left by an interrupted write", path.name)
         self.ranks.barrier()
         if start.kind == StartKind.resume:
             self.load_state_dict(start.state, start.path)
+            self.relink_best()
         elif start.kind == StartKind.fine_tune:
             self.load_parent_weights(start.state, start.path)
         log.info("%s", describe(start))
+
+    def relink_best(self) -> None:
+        """best.pt at the checkpoint of the recorded best score: a kill between writing a new
+        best step file and linking best.pt resumes from that step, with best.pt still at the
+        older best (rank 0)."""
+        best_step = self.progress.best_step
+        if not self.ranks.is_main or best_step is None:
+            return
+        best = self.checkpoint_dir / "best.pt"
+        step_path = self.checkpoint_dir / f"step_{best_step}.pt"
+        if step_path.is_file() and not (best.is_file() and os.path.samefile(best, step_path)):
+            link_atomically(step_path, best)
+            log.info("best.pt now points at %s, the recorded best", step_path.name)
 
     def load_parent_weights(self, state: dict, path: Path) -> None:
         """The parent's model weights only: optimizer, schedule and update count start afresh."""
@@ -352,8 +388,12 @@ class Trainer:
             scores = self.validate()
             score = scores.bleu if scores.bleu is not None else -scores.loss
             progress = self.progress
-            if progress.best_score is None or score > progress.best_score:
+            # A non-finite score (a NaN loss) never improves, so it never becomes the best.
+            if math.isfinite(score) and (
+                progress.best_score is None or score > progress.best_score
+            ):
                 progress.best_score, progress.validations_without_improvement = score, 0
+                progress.best_step = progress.step
                 improved = 1.0
             else:
                 progress.validations_without_improvement += 1
