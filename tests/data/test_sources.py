@@ -6,7 +6,7 @@ import logging
 import pytest
 
 from transformer_mt.config import DataConfig, SourceKind, compose_job
-from transformer_mt.data.sources import read_pairs
+from transformer_mt.data.sources import load_hf_splits, read_pairs
 from transformer_mt.errors import DataError
 
 
@@ -182,3 +182,50 @@ def test_parquet_files_per_split_as_the_iwslt_preset_reads_them(tmp_path):
     assert cfg.hf_path == "parquet"
     assert list(read_pairs(cfg, "valid")) == PAIRS[30:35]
     assert list(read_pairs(cfg, "test")) == PAIRS[35:]
+
+
+# ---- a damaged local dataset or HF cache: a DataError naming the folder and the fix ----------
+def test_a_truncated_save_to_disk_folder_is_named(tmp_path):
+    import datasets
+
+    rows = {"de": [de for de, _ in PAIRS], "en": [en for _, en in PAIRS]}
+    table = datasets.Dataset.from_dict(rows)
+    datasets.DatasetDict({"train": table, "validation": table.select(range(5))}).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    [arrow] = (tmp_path / "saved" / "train").glob("*.arrow")
+    with open(arrow, "r+b") as handle:
+        handle.truncate(100)
+    with pytest.raises(DataError) as raised:
+        list(read_pairs(local_hf(tmp_path / "saved"), "train"))
+    message = str(raised.value)
+    assert message.startswith(f"{tmp_path / 'saved'}: a dataset folder written by save_to_disk")
+    assert "ArrowInvalid" in message and "write it again with save_to_disk" in message
+    assert "\n" not in message
+
+
+def test_a_corrupt_copy_in_the_hf_cache_names_the_cache_folder(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    load_hf_splits.cache_clear()
+    hub_layout_dataset(tmp_path / "hub")
+    cfg = DataConfig(
+        source=SourceKind.hf,
+        hf_path=str(tmp_path / "hub"),
+        hf_config="de-en",
+        valid_split="validation",
+    )
+    assert len(list(read_pairs(cfg, "train"))) == 2  # read once: now in the cache
+    cached = sorted((tmp_path / "cache").rglob("*.arrow"))
+    assert cached
+    for arrow in cached:
+        with open(arrow, "r+b") as handle:
+            handle.truncate(50)
+    load_hf_splits.cache_clear()  # as a new process would
+    with pytest.raises(DataError) as raised:
+        list(read_pairs(cfg, "train"))
+    message = str(raised.value)
+    assert f"Its copy in the Hugging Face cache ({cached[0].parent})" in message
+    assert "delete that cache folder and rerun" in message and "\n" not in message
+    load_hf_splits.cache_clear()

@@ -8,10 +8,11 @@ from transformer_mt.data.tokenizer import (
     PAD_ID,
     UNK_ID,
     Reservoir,
+    Tokenizer,
     train_tokenizer,
 )
 from transformer_mt.data.toy import toy_pairs
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, DataError
 
 
 def test_train_encode_decode_round_trip(tmp_path):
@@ -65,3 +66,16 @@ def test_the_tokenizer_adds_no_normalisation_of_its_own(toy_tokenizer):
     come back as they were."""
     sentences = ["Warte\u2026 ein\u00a0Hund", "\ufb01ne \u00bd"]
     assert toy_tokenizer.decode(toy_tokenizer.encode(sentences)) == sentences
+
+
+@pytest.mark.parametrize("keep", [0, 100], ids=["empty", "truncated"])
+def test_a_damaged_model_file_is_named_with_how_to_restore_it(toy_tokenizer, tmp_path, keep):
+    damaged = tmp_path / "spm.model"
+    damaged.write_bytes(toy_tokenizer.path.read_bytes()[:keep])
+    with pytest.raises(DataError) as raised:
+        Tokenizer(damaged)
+    message = str(raised.value)
+    assert (
+        message.startswith(f"{damaged}: not a readable SentencePiece model") and "\n" not in message
+    )
+    assert "the prepared folder its prepared.json names" in message

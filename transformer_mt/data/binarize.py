@@ -2,6 +2,9 @@
 
 The parent reads both text files in chunks, keeps at most two chunks per worker in flight, and
 appends each encoded chunk (in corpus order) to the store; memory does not grow with the corpus.
+A worker that dies (the OOM killer's SIGKILL) ends the encoding with a DataError at once:
+concurrent.futures notices a lost process, where multiprocessing.Pool waits forever
+(cpython#96062).
 """
 
 from __future__ import annotations
@@ -9,7 +12,9 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +28,8 @@ CHUNK_LINES = 20_000
 _worker_tokenizers: tuple[Tokenizer, Tokenizer] | None = None
 
 
-def _load_tokenizers(src_model: str, tgt_model: str) -> None:
+def load_worker_tokenizers(src_model: str, tgt_model: str) -> None:
+    """A worker's setup: the tokenizers that encode_chunk uses."""
     global _worker_tokenizers
     _worker_tokenizers = (Tokenizer(src_model), Tokenizer(tgt_model))
 
@@ -38,7 +44,7 @@ def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
 
 def encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[np.ndarray, ...]:
     """(src lines, tgt lines) -> src tokens, src lengths, tgt tokens, tgt lengths (flat arrays)."""
-    assert _worker_tokenizers is not None, "worker started without tokenizers"
+    assert _worker_tokenizers is not None, "worker started without load_worker_tokenizers"
     (src, tgt), (src_tokenizer, tgt_tokenizer) = chunk, _worker_tokenizers
     return (*_flatten(src_tokenizer.encode(src)), *_flatten(tgt_tokenizer.encode(tgt)))
 
@@ -75,14 +81,23 @@ def binarize(
     dropped: Counter,
     workers: int,
     chunk_lines: int = CHUNK_LINES,
+    worker_setup: Callable[[str, str], None] = load_worker_tokenizers,
 ) -> int:
-    """Encode two aligned text files into `{out_prefix}.src.*` / `.tgt.*`; return pairs kept."""
+    """Encode two aligned text files into `{out_prefix}.src.*` / `.tgt.*`; return pairs kept.
+
+    worker_setup runs once in each process with the two model paths (a test passes one that
+    also makes its worker die)."""
     dtype = token_dtype(max(tokenizers.src.vocab_size, tokenizers.tgt.vocab_size))
     with (
         TokenArrayWriter(Path(f"{out_prefix}.src"), dtype) as src_out,
         TokenArrayWriter(Path(f"{out_prefix}.tgt"), dtype) as tgt_out,
     ):
-        chunks = encoded_chunks(src_path, tgt_path, tokenizers, workers, chunk_lines)
+        chunks = encoded_chunks(
+            read_chunks(src_path, tgt_path, chunk_lines),
+            (str(tokenizers.src.path), str(tokenizers.tgt.path)),
+            workers,
+            worker_setup,
+        )
         for src_tokens, src_lengths, tgt_tokens, tgt_lengths in chunks:
             keep = length_filter(
                 src_lengths,
@@ -97,26 +112,34 @@ def binarize(
 
 
 def encoded_chunks(
-    src_path: Path, tgt_path: Path, tokenizers: Tokenizers, workers: int, chunk_lines: int
+    chunks: Iterator[tuple[list[str], list[str]]],
+    models: tuple[str, str],
+    workers: int,
+    worker_setup: Callable[[str, str], None] = load_worker_tokenizers,
 ) -> Iterator[tuple]:
-    """Encoded chunks in file order; with workers > 1, at most 2 * workers chunks in flight."""
-    chunks = read_chunks(src_path, tgt_path, chunk_lines)
+    """Encoded chunks in order; with workers > 1, at most 2 * workers chunks in flight."""
     if workers <= 1:
-        _load_tokenizers(str(tokenizers.src.path), str(tokenizers.tgt.path))
+        worker_setup(*models)
         yield from map(encode_chunk, chunks)
         return
-    context = multiprocessing.get_context(
-        "spawn"
-    )  # no fork of a parent holding threads / torch state
-    with context.Pool(
+    executor = ProcessPoolExecutor(
         workers,
-        initializer=_load_tokenizers,
-        initargs=(str(tokenizers.src.path), str(tokenizers.tgt.path)),
-    ) as pool:
-        pending: deque = deque()
+        mp_context=multiprocessing.get_context("spawn"),  # no fork of a parent holding threads
+        initializer=worker_setup,
+        initargs=models,
+    )
+    pending: deque = deque()
+    try:
         for chunk in chunks:
-            pending.append(pool.apply_async(encode_chunk, (chunk,)))
+            pending.append(executor.submit(encode_chunk, chunk))
             if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+                yield pending.popleft().result()
         while pending:
-            yield pending.popleft().get()
+            yield pending.popleft().result()
+    except BrokenProcessPool as error:
+        raise DataError(
+            f"an encoding worker process died ({str(error).rstrip('.')}): out of memory? Set "
+            f"data.num_workers below {workers}, or free memory, and rerun"
+        ) from None
+    finally:
+        executor.shutdown(wait=True, cancel_futures=True)

@@ -28,31 +28,56 @@ def normalise(text: str, form: str | None) -> str:
     return unicodedata.normalize(form, text) if form else text
 
 
+CHARS_PER_PIECE_BOUND = 20
+"""A line longer than this many characters per allowed piece is too long before it is encoded:
+SentencePiece's pieces are at most 16 characters (its max_sentencepiece_length), so such a line
+has more pieces than data.max_tokens_per_sentence allows unless normalising shrinks it a lot
+(NFC composing Hangul jamo or combining marks is the one case)."""
+
+
 def clean_text_pairs(
     pairs: Iterable[tuple[str, str]],
     dropped: Counter,
     *,
     unicode_form: str | None = "NFC",
     dedupe: bool = False,
+    max_chars: int | None = None,
 ) -> Iterator[tuple[str, str]]:
-    """Strip and normalise both sides; drop empty pairs ('empty') and repeats ('duplicate').
+    """Strip and normalise both sides; drop empty pairs ('empty'), pairs with a side longer than
+    max_chars ('too_long') and repeats ('duplicate').
 
+    The length check comes before normalising: CPython's NFC is quadratic in a run of combining
+    marks (cpython#149079), so one crafted 1 MB line would take minutes.
     De-duplication keeps an 8-byte digest per distinct pair, not the text: about 100 bytes of
     memory per pair in a Python set (450 MB for 4.5M pairs).
     """
     seen: set[bytes] = set()
     for src, tgt in pairs:
-        src, tgt = normalise(src.strip(), unicode_form), normalise(tgt.strip(), unicode_form)
+        src, tgt = src.strip(), tgt.strip()
+        if max_chars is not None and max(len(src), len(tgt)) > max_chars:
+            dropped["too_long"] += 1
+            continue
+        src, tgt = normalise(src, unicode_form), normalise(tgt, unicode_form)
         if not src or not tgt:
             dropped["empty"] += 1
             continue
         if dedupe:
-            digest = hashlib.blake2b(f"{src}\t{tgt}".encode(), digest_size=8).digest()
+            digest = pair_digest(src, tgt)
             if digest in seen:
                 dropped["duplicate"] += 1
                 continue
             seen.add(digest)
         yield src, tgt
+
+
+def pair_digest(src: str, tgt: str) -> bytes:
+    """8 bytes that differ for different pairs (but for a 2^-64 chance): each side is prefixed
+    with its length, so ("a\\tb", "c") and ("a", "b\\tc") do not collide as joined text would."""
+    digest = hashlib.blake2b(digest_size=8)
+    for side in (src.encode(), tgt.encode()):
+        digest.update(len(side).to_bytes(8, "little"))
+        digest.update(side)
+    return digest.digest()
 
 
 def length_filter(

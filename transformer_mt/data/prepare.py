@@ -3,43 +3,59 @@
 The folder is named by a hash of everything that produced it (the corpus's identity and version,
 the cleaning settings, the tokenizer settings, this format's version), so it is reused when
 nothing changed and rebuilt when anything did. It is built under a temporary name and renamed
-when complete: an interrupted build is never mistaken for a finished one.
+when complete: an interrupted build is never mistaken for a finished one. Its files reach the
+disk before the rename, and `stats.json`, written last, records each one's size and sha256, which
+every open checks: a damaged folder is a one-line DataError naming the file, never a traceback.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import itertools
 import json
 import logging
 import os
 import shutil
+import socket
+import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data.binarize import CHUNK_LINES, binarize
-from transformer_mt.data.clean import clean_text_pairs, single_line
+from transformer_mt.data.clean import CHARS_PER_PIECE_BOUND, clean_text_pairs, single_line
 from transformer_mt.data.sources import corpus_identity, read_pairs, source_version
-from transformer_mt.data.store import ParallelTokens
+from transformer_mt.data.store import (
+    ParallelTokens,
+    check_files,
+    damaged,
+    seal_files,
+)
 from transformer_mt.data.tokenizer import (
     SHARED_FILE,
     SRC_FILE,
     TGT_FILE,
     Reservoir,
+    Tokenizer,
     Tokenizers,
     load_tokenizers,
     train_tokenizer,
 )
 from transformer_mt.device import usable_cpus
 from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.files import file_sha256, fsync_path
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 3  # 3: SentencePiece without its own normalisation, with byte fallback
 STATS_FILE = "stats.json"
+BUILD_MARK, LOCK_SUFFIX = ".tmp-", ".lock"
+"""A build's temporary folder is `.NAME.tmp-HOST-PID-RANDOM`, its lock file that name + .lock."""
 
 
 VALID_TEXT = ("valid.text.src", "valid.text.tgt")
@@ -76,14 +92,6 @@ def fingerprint(cfg: DataConfig) -> str:
     settings.update(format=FORMAT_VERSION, source_version=source_version(cfg))
     blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def given_tokenizer_files(cfg: DataConfig) -> list[Path]:
@@ -144,50 +152,118 @@ def prepare(cfg: DataConfig) -> PreparedData:
 
 def open_prepared(folder: Path) -> PreparedData:
     """A prepared corpus that exists (the other ranks of a distributed run open what rank 0
-    built)."""
-    if not (folder / STATS_FILE).is_file():
-        raise DataError(f"{folder}: prepared data not found")
+    built), checked first: every file against the size and sha256 that stats.json recorded
+    (folders prepared before that record existed carry none), then the token stores' structure
+    and every id against its vocabulary."""
+    stats = read_stats(folder)
+    check_files(folder, stats.get("files", {}))
+    tokenizers = load_tokenizers(folder)
+    vocab_sizes = (tokenizers.src.vocab_size, tokenizers.tgt.vocab_size)
     return PreparedData(
-        load_tokenizers(folder),
-        ParallelTokens.load(folder, "train"),
-        ParallelTokens.load(folder, "valid"),
+        tokenizers,
+        ParallelTokens.load(folder, "train", vocab_sizes),
+        ParallelTokens.load(folder, "valid", vocab_sizes),
         folder,
     )
 
 
-def remove_abandoned_builds(folder: Path) -> None:
-    """Delete temporary folders of builds whose process is gone (killed before its cleanup)."""
-    for stale in folder.parent.glob(f".{folder.name}.tmp-*"):
-        pid = stale.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not process_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-
-
-def process_alive(pid: int) -> bool:
+def read_stats(folder: Path) -> dict:
+    """stats.json of a finished folder; DataError when there is none or it does not parse."""
+    path = folder / STATS_FILE
+    if not path.is_file():
+        raise DataError(f"{folder}: prepared data not found")
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        stats = json.loads(path.read_text(encoding="utf-8"))
+        record = stats.get("files", {})
+        garbled = not all(
+            isinstance(entry["bytes"], int) and isinstance(entry["sha256"], str)
+            for entry in record.values()
+        )
+    except Exception as error:  # OSError, JSON, a value of the wrong type or shape
+        raise damaged(path, f"unreadable ({type(error).__name__}: {error})") from error
+    if garbled:
+        raise damaged(path, "its record of the files' sizes and sha256 is garbled")
+    return stats
 
 
 def build(cfg: DataConfig, folder: Path) -> None:
-    remove_abandoned_builds(folder)
-    temporary = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
-    shutil.rmtree(temporary, ignore_errors=True)
-    temporary.mkdir(parents=True)
-    try:
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned_builds(folder.parent)
+    with build_folder(folder) as temporary:
         stats = build_into(cfg, temporary)
-        (temporary / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n")
+        publish(temporary, folder, stats)
+
+
+@contextmanager
+def build_folder(folder: Path) -> Iterator[Path]:
+    """A new temporary folder beside `folder` to build in, removed afterwards. Its name holds
+    host, PID and a random part (unique across hosts and PID namespaces sharing the file
+    system); its lock file stays flock'ed until this process ends, however it ends, so the lock
+    (not the PID) tells remove_abandoned_builds whether the build is alive."""
+    prefix = f".{folder.name}{BUILD_MARK}{socket.gethostname()}-{os.getpid()}-"
+    descriptor, name = tempfile.mkstemp(prefix=prefix, suffix=LOCK_SUFFIX, dir=folder.parent)
+    lock = Path(name)
+    temporary = lock.with_name(lock.name.removesuffix(LOCK_SUFFIX))
+    try:
         try:
-            os.rename(temporary, folder)
-        except OSError:  # another process finished the same folder first
-            if not (folder / STATS_FILE).is_file():
-                raise
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody holds it
+        except OSError as error:  # no flock here (ENOLCK): sweepers cannot take it either
+            log.warning("%s: no lock (%s); a killed build stays behind", lock, error.strerror)
+        temporary.mkdir()  # after the lock: a build folder whose lock is free is never live
+        yield temporary
     finally:
         shutil.rmtree(temporary, ignore_errors=True)
+        lock.unlink(missing_ok=True)
+        os.close(descriptor)
+
+
+def remove_abandoned_builds(parent: Path) -> None:
+    """Delete the temporary folders (of any corpus) of builds whose process is gone: killed
+    before its cleanup ran."""
+    for temporary in parent.glob(f".*{BUILD_MARK}*"):
+        if temporary.is_dir() and not build_running(temporary):
+            log.info("removing %s, left behind by a build that was killed", temporary)
+            shutil.rmtree(temporary, ignore_errors=True)
+            Path(f"{temporary}{LOCK_SUFFIX}").unlink(missing_ok=True)
+
+
+def build_running(temporary: Path) -> bool:
+    """Whether a process holds the lock of the build in `temporary`. Without a lock file it is
+    not running: an older version's build (named by PID alone) or one whose cleanup was cut."""
+    try:
+        descriptor = os.open(f"{temporary}{LOCK_SUFFIX}", os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    except OSError:  # not ours to open: keep it
+        return True
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # BlockingIOError: its builder holds it; anything else: cannot tell
+        return True
+    finally:
+        os.close(descriptor)  # releases the lock just taken
+    return False
+
+
+def publish(temporary: Path, folder: Path, stats: dict) -> None:
+    """Rename the finished build to `folder`, durably: every file, then stats.json (written
+    last, with every other file's size and sha256), then the folder reach the disk before the
+    rename, and the rename after it. Without the fsyncs, a power cut soon after a build can
+    publish a folder of empty files (ext4's delayed allocation)."""
+    stats["files"] = seal_files(temporary)
+    (temporary / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    fsync_path(temporary / STATS_FILE)
+    fsync_path(temporary)
+    try:
+        os.rename(temporary, folder)
+    except OSError as error:
+        if (folder / STATS_FILE).is_file():  # another process finished the same folder first
+            return
+        raise DataError(
+            f"{folder}: a folder that is no finished prepared corpus (no {STATS_FILE}) is in the "
+            f"way of the new one ({error.strerror}); delete it and rerun"
+        ) from error
+    fsync_path(folder.parent)
 
 
 def build_into(cfg: DataConfig, folder: Path) -> dict:
@@ -303,6 +379,7 @@ def given_tokenizers(cfg: DataConfig, folder: Path) -> Tokenizers:
     files = given_tokenizer_files(cfg)
     names = [SHARED_FILE] if len(files) == 1 else [SRC_FILE, TGT_FILE]
     for path, name in zip(files, names, strict=True):
+        Tokenizer(path)  # a damaged model is named where the user put it, not as our copy
         shutil.copyfile(path, folder / name)
     log.info("encoding with the given SentencePiece model(s): %s", ", ".join(map(str, files)))
     return load_tokenizers(folder)
@@ -326,6 +403,7 @@ def write_clean_text(
             dropped,
             unicode_form=cfg.unicode_form,
             dedupe=cfg.dedupe and split == "train",
+            max_chars=CHARS_PER_PIECE_BOUND * cfg.max_tokens_per_sentence,
         )
         for src, tgt in pairs:
             src_out.write(single_line(src) + "\n")

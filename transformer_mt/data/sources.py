@@ -16,6 +16,7 @@ import numpy as np
 
 from transformer_mt.config import DataConfig, InvalidUtf8, SourceKind
 from transformer_mt.errors import DataError
+from transformer_mt.files import file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +46,9 @@ def read_pairs(
 
 
 def source_version(cfg: DataConfig) -> dict:
-    """What identifies the corpus's content: file sizes and times, the HF dataset's fingerprint,
-    or the toy generator's seed and sizes."""
+    """What identifies the corpus's content: each file's name, size and sha256 (not its folder
+    or time, so a copy on another node or mount names the same prepared folder), the HF
+    dataset's fingerprint, or the toy generator's seed and sizes."""
     if cfg.source == SourceKind.files:
         files = [
             p
@@ -56,7 +58,7 @@ def source_version(cfg: DataConfig) -> dict:
         for path in files:
             if not path.is_file():
                 raise DataError(f"{path}: no such file")
-        return {str(p.resolve()): [p.stat().st_size, p.stat().st_mtime_ns] for p in files}
+        return {path.name: content_identity(path) for path in files}
     if cfg.source == SourceKind.hf:
         splits = load_hf_splits(cfg.hf_path, cfg.hf_config, cfg.hf_revision, data_files_key(cfg))
         used = [name for name in (cfg.train_split, cfg.valid_split) if name in splits]
@@ -64,6 +66,20 @@ def source_version(cfg: DataConfig) -> dict:
     from transformer_mt.data.toy import TOY_VERSION
 
     return {"toy": TOY_VERSION}
+
+
+def content_identity(path: Path) -> list:
+    """[size, sha256] of a file. The whole file is hashed (0.08 s per 100 MB here), once per
+    process while its size, time and inode stay the same: a start asks several times."""
+    status = path.stat()
+    key = (str(path.resolve()), status.st_size, status.st_mtime_ns, status.st_ino)
+    return [status.st_size, cached_sha256(*key)]
+
+
+@functools.lru_cache(maxsize=16)
+def cached_sha256(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    """file_sha256, keyed by what changes when the file is rewritten."""
+    return file_sha256(Path(path))
 
 
 def parallel_file_paths(cfg: DataConfig, split: str) -> tuple[Path, Path]:
@@ -201,21 +217,54 @@ def load_hf_splits(path: str, config: str | None, revision: str | None, data_fil
     folder of parquet / JSON files, or a builder ('parquet', 'json') with data files (paths or
     hf:// URLs) per split."""
     import datasets  # imported here: loading it costs a second, and only this source needs it
+    import pyarrow
+    from datasets.builder import DatasetGenerationError
 
-    try:
-        if (Path(path) / "dataset_dict.json").is_file():
+    if (Path(path) / "dataset_dict.json").is_file():
+        try:
             return dict(datasets.load_from_disk(path))
+        except (pyarrow.ArrowException, ValueError, OSError) as error:  # JSON, Arrow, missing
+            raise DataError(
+                f"{path}: a dataset folder written by save_to_disk that cannot be read "
+                f"({type(error).__name__}: {one_line(error)}); write it again with save_to_disk"
+            ) from error
+    try:
         return dict(
             datasets.load_dataset(
                 path, config, revision=revision, data_files=dict(data_files) or None
             )
         )
+    except (pyarrow.ArrowException, DatasetGenerationError) as error:  # before OSError, which
+        cache = hf_cache_folder(path, config, revision, data_files)  # ArrowIOError also is
+        raise DataError(
+            f"cannot read dataset '{path}' ({config}): {type(error).__name__}: {one_line(error)}. "
+            f"Its copy in the Hugging Face cache ({cache}) is corrupt, or the dataset's own files "
+            "are: delete that cache folder and rerun to read it again"
+        ) from error
     except (ConnectionError, OSError) as error:
         raise DataError(
             f"cannot load dataset '{path}' ({config}) from the Hugging Face hub or the local "
             f"cache: {error}. Without network access, use local files instead: "
             "data=files data.dir=<folder with {split}.{lang} files>"
         ) from error
+
+
+def hf_cache_folder(path: str, config: str | None, revision: str | None, data_files: tuple) -> str:
+    """The folder of the HF cache that holds a dataset's prepared Arrow files, for a message (the
+    cache's root when the builder cannot be resolved either)."""
+    import datasets
+
+    try:
+        builder = datasets.load_dataset_builder(
+            path, config, revision=revision, data_files=dict(data_files) or None
+        )
+        return builder.cache_dir
+    except Exception:  # whatever broke the load may break this too; the root still helps
+        return str(datasets.config.HF_DATASETS_CACHE)
+
+
+def one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
 
 
 def toy_split(cfg: DataConfig, split: str) -> list[tuple[str, str]]:

@@ -26,7 +26,14 @@ class Tokenizer:
         if not path.is_file():
             raise DataError(f"{path}: SentencePiece model not found")
         self.path = path
-        self.processor = spm.SentencePieceProcessor(model_file=str(path))
+        try:
+            self.processor = spm.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as error:  # SentencePiece's "could not parse ModelProto"
+            raise DataError(
+                f"{path}: not a readable SentencePiece model (empty, truncated or corrupt); put "
+                "an intact copy in its place: a run folder's copy comes from the prepared folder "
+                "its prepared.json names, and a prepared folder is rebuilt when deleted"
+            ) from error
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = PAD_ID, UNK_ID, BOS_ID, EOS_ID
 
     @property
