@@ -418,6 +418,14 @@ class ServeJob:
     """Characters per sentence (more: HTTP 422)."""
     max_beam_size: int = 16
     """Largest beam a request may ask for (more: HTTP 422)."""
+    max_pending_pieces: int = 32_000
+    """Source pieces (EOS included) of all admitted, unanswered requests (more: HTTP 503)."""
+    request_timeout_s: float = 60.0
+    """Seconds a request may wait for its answer (more: HTTP 504; unstarted, it is dropped)."""
+    max_attention_cells: int = 1_000_000
+    """Attention weights a request may ask for, bounded before decoding (more: HTTP 422)."""
+    max_connections: int = 128
+    """Connections and requests uvicorn takes at once (more: HTTP 503; its limit_concurrency)."""
     decode: DecodeConfig
     """The defaults; a request may change the search settings for itself."""
 

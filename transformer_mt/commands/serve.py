@@ -17,20 +17,21 @@ def serve(job: ServeJob) -> None:
     try:
         import uvicorn
 
-        from transformer_mt.serve.app import Limits, create_app
+        from transformer_mt.serve.app import check_limits, create_app
     except ImportError as error:
         raise TransformerMTError(
             f"tmt-serve needs the serve extra ({error.name} is missing): pip install "
             "'transformer_mt[serve]'"
         ) from error
+    check_limits(job)  # before the model is loaded
     translator = Translator.from_run(
         job.run_dir, job.checkpoint, decode=job.decode, device=job.device
     )
-    limits = Limits(
-        max_request_bytes=job.max_request_bytes,
-        max_lines=job.max_lines,
-        max_line_chars=job.max_line_chars,
-        max_beam_size=job.max_beam_size,
-    )
     log.info("serving %s on http://%s:%d/", job.run_dir, job.host, job.port)
-    uvicorn.run(create_app(translator, limits), host=job.host, port=job.port, log_level="warning")
+    uvicorn.run(
+        create_app(translator, job),
+        host=job.host,
+        port=job.port,
+        log_level="warning",
+        limit_concurrency=job.max_connections,  # beyond it uvicorn answers 503 itself
+    )

@@ -57,6 +57,11 @@ class ModelSearch:
         self.decoder_layers = len(model.decoder)
         self.generator = torch.Generator(device=device).manual_seed(sampling_seed)
 
+    def reseed(self, seed: int) -> None:
+        """Sample from `seed` afresh. The server does this before each sampling request, so
+        that the request's own seed decides its output, whatever was sampled before it."""
+        self.generator.manual_seed(seed)
+
     def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
         src = pad_sequences(
             [np.asarray(s, dtype=np.int64) for s in sources], PAD_ID, suffix=EOS_ID

@@ -7,35 +7,66 @@
                           "attention": {"source_pieces", "target_pieces", "weights", "layer"}
                           or null}], "decode": the settings used}
     GET /             a page to try it: translation, n-best list, attention heat map
-    GET /health       {"status": "ok", "model": which checkpoint}
+    GET /health       {"status": "ok", "model": the checkpoint's file name and update}
 
-Limits (ServeJob): the request's size (413), the number of lines and the characters of a line
-(422); malformed JSON or unknown fields: 422 with what is wrong.
+Limits (the ServeJob's keys), each answered with a message saying what was exceeded: a body
+other than application/json (415); the request's size (413, before reading more than the
+limit plus one chunk); lines, characters of a line, the beam, source pieces, attention cells
+(422); pending work over its bound (503 with Retry-After); no answer within the deadline (504).
+Malformed JSON or unknown fields: 422 with what is wrong. There is no authentication: see the
+README before binding beyond 127.0.0.1.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import importlib.resources
+import json
+from collections.abc import Awaitable, Callable
+from concurrent.futures import Future
+from pathlib import Path
 from typing import Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect
 
-from transformer_mt.config import DecodeConfig, Strategy, validate_decode
-from transformer_mt.decode.translator import Translator
+from transformer_mt.config import DecodeConfig, ServeJob, Strategy, validate_decode
+from transformer_mt.decode.translator import AttentionMap, Translator
 from transformer_mt.errors import ConfigError
-from transformer_mt.serve.batcher import Batcher
+from transformer_mt.serve.batcher import Batcher, Busy, Job, Result
+
+RETRY_AFTER_S = 1
+"""What a 503 tells the client to wait: about one batch's time on a CPU (benchmarks/serve.txt),
+after which the queue has moved on."""
+CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nobody receives it
+LIMIT_KEYS = (
+    "max_request_bytes",
+    "max_lines",
+    "max_line_chars",
+    "max_beam_size",
+    "max_pending_pieces",
+    "request_timeout_s",
+    "max_attention_cells",
+    "max_connections",
+)
 
 
-@dataclasses.dataclass(frozen=True)
-class Limits:
-    max_request_bytes: int = 65_536
-    max_lines: int = 64
-    max_line_chars: int = 1_000
-    max_beam_size: int = 16
+class Refused(Exception):
+    """A request answered with an error status and a message, raised where the problem is
+    found; the app turns it into the JSON answer {"detail": message, **details}."""
+
+    def __init__(self, status: int, message: str, *, headers: dict | None = None, **details):
+        super().__init__(message)
+        self.status, self.message, self.headers, self.details = status, message, headers, details
+
+    def response(self) -> JSONResponse:
+        body = {"detail": self.message, **self.details}
+        return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
 class TranslateRequest(BaseModel):
@@ -55,16 +86,33 @@ class TranslateRequest(BaseModel):
     attention_layer: int = -1
 
 
-def problem(status: int, message: str, **details) -> JSONResponse:
-    return JSONResponse({"detail": message, **details}, status_code=status)
+async def refused_response(_: Request, refused: Refused) -> JSONResponse:
+    return refused.response()  # async: Starlette would run a plain function in a thread
 
 
-def create_app(translator: Translator, limits: Limits = Limits()) -> FastAPI:
-    """The application around one loaded model (loaded once, by the caller)."""
+def check_limits(limits: ServeJob) -> None:
+    """ConfigError naming the key of a limit that is not above 0 (a limit of 0 would refuse
+    every request, and only under load would anyone notice)."""
+    for key in LIMIT_KEYS:
+        value = getattr(limits, key)
+        if not value > 0:
+            raise ConfigError(f"config key '{key}': must be > 0, got {value}")
+
+
+def create_app(
+    translator: Translator,
+    limits: ServeJob,
+    *,
+    sleep: Callable[[float], Awaitable] = asyncio.sleep,
+) -> FastAPI:
+    """The application around one loaded model (loaded once, by the caller). `limits`: the
+    ServeJob whose max_* keys and request_timeout_s bound each request (its decode settings are
+    the translator's). `sleep`: how a request's deadline is awaited (tests pass a fake clock)."""
     app = FastAPI(title="transformer_mt", docs_url=None, redoc_url=None)
-    batcher = Batcher(translator)
+    batcher = Batcher(translator, max_pending_pieces=limits.max_pending_pieces)
     app.state.batcher = batcher
     app.router.add_event_handler("shutdown", batcher.stop)
+    app.add_exception_handler(Refused, refused_response)
     page = importlib.resources.files("transformer_mt.serve").joinpath("static/index.html")
 
     @app.get("/", response_class=HTMLResponse)
@@ -75,75 +123,177 @@ def create_app(translator: Translator, limits: Limits = Limits()) -> FastAPI:
     def health() -> dict:
         return {
             "status": "ok",
-            "model": translator.origin,
+            "model": model_record(translator.origin),
             "decode": decode_record(translator.decode),
         }
 
     @app.post("/translate")
-    async def translate(request: Request):
-        body = await request.body()
-        if len(body) > limits.max_request_bytes:
-            return problem(
-                413, f"request of {len(body)} bytes: the limit is {limits.max_request_bytes}"
-            )
+    async def translate(request: Request) -> Response:
+        job = admitted_job(await read_body(request, limits), translator, limits)
         try:
-            asked = TranslateRequest.model_validate_json(body)
-        except ValidationError as error:
-            errors = [
-                {"where": ".".join(map(str, e["loc"])) or "body", "problem": e["msg"]}
-                for e in error.errors(include_url=False, include_context=False)
-            ]
-            return problem(422, "the request is not valid", errors=errors)
-        lines, refused = request_lines(asked, limits)
-        if refused:
-            return problem(422, refused)
-        try:
-            decode = requested_decode(translator.decode, asked, limits)
-            Translator(translator.backend, translator.tokenizers, decode)  # checks the strategy
-        except ConfigError as error:
-            return problem(422, str(error))
-        layer = asked.attention_layer if asked.attention else None
-        future = batcher.submit(lines, decode, layer)
-        try:
-            results = await asyncio.wrap_future(future)
-        except ConfigError as error:
-            return problem(422, str(error))
-        return {
-            "translations": [
-                {
-                    "text": nbest[0].text,
-                    "nbest": [{"text": t.text, "score": t.score} for t in nbest],
-                    "attention": dataclasses.asdict(attended) if attended else None,
-                }
-                for nbest, attended in results
-            ],
-            "decode": decode_record(decode),
-        }
+            answer = batcher.submit(job)
+        except Busy as busy:
+            raise Refused(503, str(busy), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
+        body = await answered(request, answer, limits.request_timeout_s, sleep)
+        return Response(body, media_type="application/json")
 
     return app
 
 
-def request_lines(asked: TranslateRequest, limits: Limits) -> tuple[list[str], str | None]:
-    """The lines to translate, or why the request is refused."""
+async def read_body(request: Request, limits: ServeJob) -> bytes:
+    """The JSON body, read chunk by chunk and refused (413) once over max_request_bytes, so a
+    large or endless upload costs at most the limit plus one chunk (Starlette's request.body()
+    would hold all of it first); a declared Content-Length over the limit is refused before
+    anything is read."""
+    media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise Refused(415, f"Content-Type {media_type or 'missing'}: send application/json")
+    limit, declared = limits.max_request_bytes, request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Refused(413, f"request of {int(declared)} bytes: the limit is {limit}")
+    chunks, size = [], 0
+    try:
+        async with contextlib.aclosing(request.stream()) as stream:
+            async for chunk in stream:
+                size += len(chunk)
+                if size > limit:
+                    raise Refused(413, f"request of more than {limit} bytes: the limit is {limit}")
+                chunks.append(chunk)
+    except ClientDisconnect:
+        raise Refused(CLIENT_GONE, "the client closed the connection") from None
+    return b"".join(chunks)
+
+
+def admitted_job(body: bytes, translator: Translator, limits: ServeJob) -> Job:
+    """The job a request asks for, or Refused (422) saying what is wrong with it."""
+    try:
+        asked = TranslateRequest.model_validate_json(body)
+    except ValidationError as error:
+        errors = [
+            {"where": ".".join(map(str, e["loc"])) or "body", "problem": e["msg"]}
+            for e in error.errors(include_url=False, include_context=False)
+        ]
+        raise Refused(422, "the request is not valid", errors=errors) from None
+    lines = request_lines(asked, limits)
+    try:
+        decode = requested_decode(translator.decode, asked, limits)
+        Translator(translator.backend, translator.tokenizers, decode)  # checks the strategy
+    except ConfigError as error:
+        raise Refused(422, str(error)) from None
+    ids = translator.encode(lines)
+    pieces = sum(len(s) + 1 for s in ids)
+    if pieces > limits.max_pending_pieces:
+        raise Refused(422, f"{pieces} source pieces: the limit is {limits.max_pending_pieces}")
+    if asked.attention:
+        check_attention_cells(ids, decode, translator.max_source_tokens, limits)
+    layer = asked.attention_layer if asked.attention else None
+    return Job(lines, decode, layer, pieces, functools.partial(answer_bytes, decode=decode))
+
+
+def request_lines(asked: TranslateRequest, limits: ServeJob) -> list[str]:
+    """The lines to translate, or Refused (422) saying why not."""
     if (asked.text is None) == (asked.lines is None):
-        return [], 'give either "text" (one sentence) or "lines" (a list of sentences)'
+        raise Refused(422, 'give either "text" (one sentence) or "lines" (a list of sentences)')
     lines = [asked.text] if asked.text is not None else asked.lines
     if len(lines) > limits.max_lines:
-        return [], f"{len(lines)} lines: the limit is {limits.max_lines} per request"
+        raise Refused(422, f"{len(lines)} lines: the limit is {limits.max_lines} per request")
     for number, line in enumerate(lines):
         if len(line) > limits.max_line_chars:
-            return [], (
-                f"line {number} has {len(line)} characters: the limit is {limits.max_line_chars}"
+            raise Refused(
+                422,
+                f"line {number} has {len(line)} characters: the limit is {limits.max_line_chars}",
             )
         if "\n" in line or "\r" in line:
-            return [], f"line {number} holds a line break: send each sentence as its own line"
-    return lines, None
+            raise Refused(
+                422, f"line {number} holds a line break: send each sentence as its own line"
+            )
+    return lines
 
 
-DECODE_FIELDS = ("beam_size", "nbest", "length_penalty", "temperature", "top_k", "top_p", "seed")
+def check_attention_cells(
+    ids: list[list[int]], decode: DecodeConfig, max_source_tokens: int, limits: ServeJob
+) -> None:
+    """Refused (422) unless the attention maps fit max_attention_cells. Known before decoding,
+    so an oversized request costs nothing: the bound is, per non-empty line, (source pieces +
+    EOS) x the longest output the search may write (max_len_a * source + max_len_b, EOS
+    included); the maps themselves are at most that."""
+    cells = 0
+    for line in ids:
+        if line:
+            source = min(len(line), max_source_tokens)  # as the search reads it
+            cells += (source + 1) * max(1, int(decode.max_len_a * source + decode.max_len_b))
+    if cells > limits.max_attention_cells:
+        raise Refused(
+            422,
+            f"attention for these lines could take {cells} weights: the limit is "
+            f"{limits.max_attention_cells} (send fewer or shorter lines, or no attention)",
+        )
 
 
-def requested_decode(default: DecodeConfig, asked: TranslateRequest, limits: Limits):
+async def answered(
+    request: Request, answer: Future, timeout: float, sleep: Callable[[float], Awaitable]
+) -> bytes:
+    """The job's answer; Refused 504 once sleep(timeout) is over. Whatever ends the wait (the
+    answer, the deadline, the client hanging up, this handler's cancellation) cancels the job,
+    so a job not yet started is never computed (a running one is not interrupted)."""
+    waiting = asyncio.wrap_future(answer)
+    gone = asyncio.ensure_future(hung_up(request))
+    late = asyncio.ensure_future(sleep(timeout))
+    try:
+        await asyncio.wait({waiting, gone, late}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        answer.cancel()
+        for waiter in (waiting, gone, late):
+            waiter.cancel()
+    if answer.done() and not answer.cancelled():
+        try:
+            return answer.result()
+        except ConfigError as error:  # e.g. attention from a model that has none
+            raise Refused(422, str(error)) from None
+    if gone.done() and not gone.cancelled():
+        raise Refused(CLIENT_GONE, "the client closed the connection")
+    raise Refused(504, f"no translation within {timeout:g} s: try again later, or send less")
+
+
+async def hung_up(request: Request) -> None:
+    """Returns once the client has disconnected. uvicorn goes on running the handler of a
+    client that has gone, so the handler listens for it (after the body, the next message is
+    http.disconnect, which comes when the client goes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def answer_bytes(results: Result, decode: DecodeConfig) -> bytes:
+    """The JSON of /translate's answer, built in the worker thread: serialising a large answer
+    on the event loop would hold up /health and every other client."""
+    answer = {
+        "translations": [
+            {
+                "text": nbest[0].text,
+                "nbest": [{"text": t.text, "score": t.score} for t in nbest],
+                "attention": attention_record(attended),
+            }
+            for nbest, attended in results
+        ],
+        "decode": decode_record(decode),
+    }
+    return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def attention_record(attended: AttentionMap | None) -> dict | None:
+    """The map with weights rounded to 3 decimals: what a heat map can show, in a third of the
+    bytes of full floats."""
+    if attended is None:
+        return None
+    return {
+        "source_pieces": attended.source_pieces,
+        "target_pieces": attended.target_pieces,
+        "weights": [[round(weight, 3) for weight in row] for row in attended.weights],
+        "layer": attended.layer,
+    }
+
+
+def requested_decode(default: DecodeConfig, asked: TranslateRequest, limits: ServeJob):
     """The server's decode settings with the request's own; ConfigError when they are not
     possible."""
     changes = {
@@ -166,6 +316,14 @@ def requested_decode(default: DecodeConfig, asked: TranslateRequest, limits: Lim
         raise ConfigError(f"beam_size {decode.beam_size}: the limit is {limits.max_beam_size}")
     validate_decode(decode)
     return decode
+
+
+def model_record(origin: dict | None) -> dict | None:
+    """Which model answers: the checkpoint's file name with its update (or format), never its
+    path, which would tell every visitor where the server keeps its files."""
+    if origin is None:
+        return None
+    return {**origin, "checkpoint": Path(origin["checkpoint"]).name}
 
 
 def decode_record(decode: DecodeConfig) -> dict:
