@@ -104,3 +104,41 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_pat
         ("start", "resume", 2),
         ("end", "finished", 6),
     ], events
+
+
+PREPARE_ON_A_SMALL_DISK = r"""
+mount -t tmpfs -o size="$SIZE" tmpfs "$MNT" || exit 11
+"$BIN/tmt-prepare" "$@" > "$OUT/prepare.out" 2> "$OUT/prepare.err"
+echo $? > "$OUT/prepare.rc"
+ls -a "$MNT/prepared" > "$OUT/listing" 2>&1
+"""
+
+
+@pytest.mark.parametrize("size", ["60k", "400k"])  # full while encoding; while writing the store
+def test_a_full_disk_while_preparing_is_one_line_and_leaves_no_folder(tmp_path, size):
+    command = namespace_command()
+    if command is None:
+        pytest.skip("needs a mount namespace for a small tmpfs (unshare -m as root, or -Urm)")
+    mount, out = tmp_path / "mnt", tmp_path / "out"
+    mount.mkdir()
+    out.mkdir()
+    overrides = [
+        *TINY_TRAIN,
+        f"run_dir={tmp_path / 'run'}",
+        f"data.prepared_dir={mount / 'prepared'}",
+    ]
+    environment = {"MNT": str(mount), "OUT": str(out), "BIN": str(BIN), "SIZE": size}
+    done = subprocess.run(
+        [*command, "bash", "-c", PREPARE_ON_A_SMALL_DISK, "script", *overrides],
+        env={**environment, "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    stderr = (out / "prepare.err").read_text()
+    assert (out / "prepare.rc").read_text().strip() == "2", stderr
+    assert "Traceback" not in stderr
+    errors = [line for line in stderr.splitlines() if "[ERROR]" in line]
+    assert len(errors) == 1 and "the disk is full" in errors[0], stderr
+    assert (out / "listing").read_text().split() == [".", ".."]  # nothing half-built left
