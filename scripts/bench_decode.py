@@ -13,7 +13,7 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
       time, and at every step one decoder call per beam over its whole prefix, without a cache
       (the same search rule as ours, so the outputs should be the same); it is slow, so it is
       timed on the first --reference-sentences sentences, with ours timed again on those;
-  (c) the checkpoint exported to CTranslate2 (transformer_mt.decode.ctranslate2_backend),
+  (c) the checkpoint exported to CTranslate2 (transformer_mt.export.ctranslate2),
       computing in float32 and in int8.
 
 Timed runs are interleaved over --rounds rounds (a, c fp32, c int8, a, ...), each in a process
@@ -57,14 +57,11 @@ import torch
 from transformer_mt.config import DecodeConfig, Strategy, compose_job
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
-from transformer_mt.decode.ctranslate2_backend import (
-    CTranslate2Search,
-    export_model,
-    import_ctranslate2,
-    translator_from_export,
-)
+from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
+from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.translator import ModelSearch, Translator
 from transformer_mt.errors import TransformerMTError
+from transformer_mt.export.ctranslate2 import export_model
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
@@ -106,7 +103,7 @@ def time_one(args, sources: list[str]) -> None:
     """One timed translation of `sources` by system args.time_one, as JSON on stdout."""
     if args.time_one in (OURS, OURS_EARLY):
         decode = PAPER if args.time_one == OURS else EARLY
-        system = Translator.from_run(args.run, args.checkpoint, decode=decode, device="cpu")
+        system = load_translator(args.run, args.checkpoint, decode=decode, device="cpu")
     else:
         system = translator_from_export(
             args.export,
@@ -193,8 +190,8 @@ def benchmark(args, folder: Path) -> None:
     data = RunDir(run).data_config()
     pairs = list(read_pairs(data, "test"))
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    ours = Translator.from_run(run, args.checkpoint, decode=PAPER, device="cpu")
-    ours_greedy = Translator.from_run(run, args.checkpoint, decode=GREEDY, device="cpu")
+    ours = load_translator(run, args.checkpoint, decode=PAPER, device="cpu")
+    ours_greedy = load_translator(run, args.checkpoint, decode=GREEDY, device="cpu")
     model = ours.backend.model
     export_model(model, ours.tokenizers, folder, unicode_form=data.unicode_form)
 

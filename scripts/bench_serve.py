@@ -123,8 +123,8 @@ def main() -> None:
 LIBRARY = """
 import json, sys, time
 import torch
-from transformer_mt.decode.translator import Translator
-translator = Translator.from_run(sys.argv[1], device="cpu")
+from transformer_mt.decode.loading import load_translator
+translator = load_translator(sys.argv[1], device="cpu")
 sentences = json.loads(sys.argv[2])
 translator.translate(sentences[:8])
 started = time.perf_counter()

@@ -73,10 +73,11 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer_mt.decode.transformers_export import import_transformers, marian_shape
 from transformer_mt.device import autocast_dtype, autocast_for
 from transformer_mt.errors import TransformerMTError
+from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import count_parameters
+from transformer_mt.run_dir import RunDir
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, peak_flops, step_flops
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import paper_schedule
@@ -145,7 +146,7 @@ class OursRunner:
     """Our model, trained through the real Trainer."""
 
     def __init__(self, job: TrainJob, data: PreparedData, device: torch.device):
-        self.trainer = Trainer(job, data, device)
+        self.trainer = Trainer(job, RunDir(job.run_dir), data, device)
         self.model = self.trainer.model
         self.label = "transformer_mt"
 

@@ -8,7 +8,7 @@ process of its own and one after the other:
 
   (cli) `tmt-translate run_dir=RUN input=FILE output=OUT`: reads the file in chunks, sorts each
         chunk by length, batches it by decode.batch_tokens, writes the translations in order;
-  (lib) Translator.from_run(RUN).translate(all lines) in Python, the file read into a list.
+  (lib) load_translator(RUN).translate(all lines) in Python, the file read into a list.
 
 Both decode with the run's default settings (beam 4, length penalty 0.6) on --threads threads.
 Reported: sentences/s of each (wall time of the whole process, Python's start and model
@@ -59,9 +59,9 @@ def time_cli(args, source: Path, output: Path) -> dict:
 def time_library(args, source: Path) -> None:
     """The library path, in this (child) process: JSON on stdout."""
     torch.set_num_threads(args.threads)
-    from transformer_mt.decode.translator import Translator
+    from transformer_mt.decode.loading import load_translator
 
-    translator = Translator.from_run(args.run, args.checkpoint, device="cpu")
+    translator = load_translator(args.run, args.checkpoint, device="cpu")
     lines = source.read_text(encoding="utf-8").splitlines()
     translating = time.perf_counter()
     outputs = translator.translate(lines)

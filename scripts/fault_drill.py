@@ -47,7 +47,8 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint import STEP_FILE, load_checkpoint
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoint.folder import STEP_FILE
 from transformer_mt.errors import CheckpointError
 
 PREPARE = "from transformer_mt.cli import prepare_main; prepare_main()"

@@ -13,7 +13,7 @@ from transformer_mt.config import compose_job
 from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import Tokenizer
 from transformer_mt.data.toy import toy_pairs
-from transformer_mt.decode.translator import Translator
+from transformer_mt.decode.loading import load_translator
 from transformer_mt.errors import CheckpointError, ConfigError
 
 
@@ -43,7 +43,7 @@ def test_train_checkpoint_translate_bleu(tiny_train_job, tmp_path):
     assert json.loads((run_dir / "scores.test.json").read_text())["bleu"] == bleu.bleu
     assert len((run_dir / "hypotheses.test.txt").read_text().splitlines()) == 40
 
-    translator = Translator.from_run(run_dir)
+    translator = load_translator(run_dir)
     outputs = translator.translate(["the dog sees the cat.", "", "the man."])
     assert len(outputs) == 3 and outputs[1] == ""
 
@@ -62,7 +62,7 @@ def test_rerun_resumes_instead_of_starting_over(tiny_train_job):
 
 def test_missing_checkpoint_is_named(tmp_path):
     with pytest.raises(CheckpointError, match="nope.pt: checkpoint not found"):
-        Translator.from_run(tmp_path, "nope.pt")
+        load_translator(tmp_path, "nope.pt")
 
 
 def hub_format_corpus(folder, pairs_by_split) -> None:
@@ -115,7 +115,7 @@ def test_separate_vocabularies_train_and_translate(tiny_train_job):
     assert (run_dir / "spm.src.model").is_file() and (run_dir / "spm.tgt.model").is_file()
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
     assert state["src_vocab_size"] == 400 and "src_embed.weight" in state["model"]
-    translator = Translator.from_run(run_dir)
+    translator = load_translator(run_dir)
     assert translator.backend.model.src_embed is not None
     assert len(translator.translate(["the dog sees the cat.", ""])) == 2
 
@@ -123,7 +123,7 @@ def test_separate_vocabularies_train_and_translate(tiny_train_job):
 @pytest.mark.slow
 def test_translator_normalises_input_like_the_training_data(tiny_train_job):
     run_dir = train(tiny_train_job("trainer.max_steps=2")).parents[1]
-    translator = Translator.from_run(
+    translator = load_translator(
         run_dir, decode=compose_job("eval", ["run_dir=x", "decode=greedy"]).decode
     )
     sentence = "Die Bäume über dem Fluß."
@@ -136,4 +136,4 @@ def test_impossible_beam_size_is_named(tiny_train_job):
     run_dir = train(tiny_train_job("trainer.max_steps=1")).parents[1]
     decode = compose_job("eval", ["run_dir=x", "decode.beam_size=0"]).decode
     with pytest.raises(ConfigError, match="decode.beam_size"):
-        Translator.from_run(run_dir, decode=decode)
+        load_translator(run_dir, decode=decode)

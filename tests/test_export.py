@@ -19,14 +19,11 @@ from transformer_mt.commands.export import export
 from transformer_mt.config import DecodeConfig, ExportJob, ModelConfig, Strategy, compose_job
 from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
-from transformer_mt.decode.ctranslate2_backend import (
-    CTranslate2Search,
-    export_model,
-    transformer_spec,
-    translator_from_export,
-)
+from transformer_mt.decode.ctranslate2_backend import CTranslate2Search
+from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import CheckpointError, ConfigError, TransformerMTError
+from transformer_mt.export.ctranslate2 import export_model, transformer_spec
 from transformer_mt.model import Transformer
 
 PAD, EOS = 0, 3
@@ -177,16 +174,16 @@ def test_translate_uses_the_export_named_as_checkpoint(needs_ctranslate2, run_di
     for name in ("model.bin", "config.json", "shared_vocabulary.json", "spm.model"):
         assert (folder / name).is_file(), name
     export(ExportJob(run_dir=str(run_dir)))  # a second export replaces the first
-    translator = Translator.from_run(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
+    translator = load_translator(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
     assert isinstance(translator.backend, CTranslate2Search)
-    ours = Translator.from_run(run_dir, decode=GREEDY, device="cpu")
+    ours = load_translator(run_dir, decode=GREEDY, device="cpu")
     sentences = ["the dog sees the cat.", "a small house by the river."]
     assert translator.translate(sentences) == ours.translate(sentences)
 
 
 def test_int8_export_translates(needs_ctranslate2, run_dir):
     export(ExportJob(run_dir=str(run_dir), output="int8", quantization="int8"))
-    translator = Translator.from_run(run_dir, "int8", decode=GREEDY, device="cpu")
+    translator = load_translator(run_dir, "int8", decode=GREEDY, device="cpu")
     assert len(translator.translate(["the dog.", "", "the cat sees the man."])) == 3
 
 
@@ -250,8 +247,8 @@ def test_an_export_ctranslate2_cannot_run_on_the_device_is_one_clear_error(
 
     monkeypatch.setattr(ctranslate2, "Translator", no_cuda_libraries)
     with pytest.raises(ConfigError, match=r"cannot run it on cpu \(Library libcublas.*device=cpu"):
-        Translator.from_run(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
+        load_translator(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
     (run_dir / "checkpoints" / "hf").mkdir()
     (run_dir / "checkpoints" / "hf" / "generation_config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="a transformers model"):
-        Translator.from_run(run_dir, "hf", decode=GREEDY, device="cpu")
+        load_translator(run_dir, "hf", decode=GREEDY, device="cpu")

@@ -15,7 +15,6 @@ import pytest
 import torch
 from toy_runs import write_toy_files
 
-from transformer_mt.checkpoint import config_dict
 from transformer_mt.commands.evaluate import evaluate
 from transformer_mt.commands.export import export
 from transformer_mt.commands.train import train
@@ -27,18 +26,20 @@ from transformer_mt.config import (
     ModelConfig,
     Strategy,
     compose_job,
+    config_dict,
 )
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
+from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.search import length_penalty
-from transformer_mt.decode.transformers_export import (
+from transformer_mt.decode.translator import Translator
+from transformer_mt.errors import ConfigError, TransformerMTError
+from transformer_mt.export.transformers import (
     ModelCard,
     evaluation,
     export_model,
     marian_order,
 )
-from transformer_mt.decode.translator import Translator
-from transformer_mt.errors import ConfigError, TransformerMTError
 from transformer_mt.model import Transformer, sinusoidal_table
 
 transformers = pytest.importorskip("transformers")
@@ -134,10 +135,10 @@ def test_trained_model_translates_the_same_in_transformers(tiny_train_job, tmp_p
     # by default: outputs that reach it are then compared too.
     longest = generation["max_length"] - 1
     limit = DecodeConfig(max_len_a=0.0, max_len_b=longest, batch_tokens=10_000)
-    greedy = Translator.from_run(
+    greedy = load_translator(
         run_dir, decode=dataclasses.replace(limit, strategy=Strategy.greedy), device="cpu"
     )
-    beam = Translator.from_run(run_dir, decode=limit, device="cpu")
+    beam = load_translator(run_dir, decode=limit, device="cpu")
     ours_greedy, ours_beam = greedy.translate(sentences), beam.translate(sentences)
     assert len(set(ours_greedy)) > 25  # a model that writes words, not one repeated sentence
     source = greedy.encode(sentences[:1])[0] + [EOS_ID]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.decode.transformers_export import HF_REQUIREMENT, HF_TORCH_REQUIREMENT
+from transformer_mt.export.transformers import HF_REQUIREMENT, HF_TORCH_REQUIREMENT
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -111,7 +111,7 @@ def test_a_resume_points_best_pt_at_the_recorded_best(tiny_train_job, tmp_path):
 
 def test_a_nan_validation_never_becomes_the_best_score(tiny_train_job, monkeypatch):
     job = tiny_train_job("trainer.valid_bleu_sentences=0")
-    trainer = Trainer(job, prepare(job.data), torch.device("cpu"))
+    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
     losses = iter([float("nan"), 3.0, float("nan"), 4.0, 2.5])
     monkeypatch.setattr(trainer, "validate", lambda: ValidationScores(loss=next(losses), nll=0.0))
     judged = [trainer.validate_and_judge()[0] for _ in range(5)]

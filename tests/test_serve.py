@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from transformer_mt.commands.train import train  # noqa: E402
 from transformer_mt.config import DecodeConfig, ServeJob, Strategy  # noqa: E402
 from transformer_mt.data.toy import toy_pairs  # noqa: E402
+from transformer_mt.decode.loading import load_translator  # noqa: E402
 from transformer_mt.decode.translator import Translator  # noqa: E402
 from transformer_mt.serve.app import create_app  # noqa: E402
 
@@ -45,7 +47,7 @@ def translator(tmp_path_factory) -> Translator:
         [*TINY_TRAIN, *QUICK, "trainer.max_steps=30", f"run_dir={folder / 'run'}"]
         + [f"data.prepared_dir={folder / 'prepared'}"],
     )
-    return Translator.from_run(train(job).parents[1], device="cpu")
+    return load_translator(train(job).parents[1], device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +155,7 @@ def test_the_page_and_health(client, translator):
     assert "https://" not in page.text  # nothing from elsewhere: no CDN
     health = client.get("/health").json()
     checkpoint = translator.origin["checkpoint"]
-    assert health["status"] == "ok" and checkpoint.startswith("/")  # from_run keeps the path...
+    assert health["status"] == "ok" and checkpoint.startswith("/")  # the loader keeps the path...
     assert health["model"] == {"checkpoint": "last.pt", "step": 30}  # ...the server shows no path
     assert checkpoint not in page.text + json.dumps(health)
     assert health["decode"] == json.loads(json.dumps(dataclasses.asdict(DecodeConfig())))
@@ -179,3 +181,42 @@ def test_a_sampling_request_is_decided_by_its_own_seed(client, translator):
         translator.backend.device,
     )
     assert [n[0].text for n in library.translate_nbest(SENTENCES[:8])] == first
+
+
+def test_tmt_serve_builds_one_translator_for_its_lifetime(translator, monkeypatch):
+    """From start-up to shutdown, whatever decode settings the requests ask for (beam sizes,
+    n-best lists, greedy, sampling with two seeds, attention, a length penalty, a refused
+    setting), the Translator that tmt-serve loaded at start-up answers every one of them."""
+    import uvicorn
+
+    from transformer_mt.commands import serve as command
+
+    built, init = [], Translator.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(self)
+        init(self, *args, **kwargs)
+
+    asked = [
+        {"text": SENTENCES[0]},
+        {"text": SENTENCES[0], "beam_size": 2},
+        {"lines": SENTENCES[:3], "nbest": 3},
+        {"lines": SENTENCES[:2], "strategy": "greedy"},
+        {"text": SENTENCES[1], "strategy": "sample", "seed": 3},
+        {"text": SENTENCES[1], "strategy": "sample", "seed": 4},
+        {"text": SENTENCES[2], "attention": True},
+        {"text": SENTENCES[2], "length_penalty": 1.0},
+        {"text": SENTENCES[2], "nbest": 5, "beam_size": 4},  # refused: nbest over the beam
+    ]
+    statuses = []
+
+    def run(app, **options):  # uvicorn's place: the requests, then the shutdown
+        with TestClient(app) as client:
+            statuses.extend(client.post("/translate", json=body).status_code for body in asked)
+
+    monkeypatch.setattr(Translator, "__init__", counted)
+    monkeypatch.setattr(uvicorn, "run", run)
+    run_dir = Path(translator.origin["checkpoint"]).parents[1]
+    command.serve(dataclasses.replace(LIMITS, run_dir=str(run_dir), device="cpu"))
+    assert statuses == [200] * 8 + [422]
+    assert len(built) == 1

@@ -340,6 +340,43 @@ def test_attention_over_the_cell_cap_is_refused_before_decoding(
     assert writers == ["translate"]  # the answer was written by the worker thread
 
 
+def test_one_translator_answers_every_setting_and_each_request_is_encoded_once(
+    backend, make_app, open_gate, monkeypatch
+):
+    """Concurrent requests with other decode settings than the server's (beam sizes, n-best,
+    attention, a length penalty) and one this model cannot do (sampling): no Translator is
+    built after the server's own, and each admitted request's lines are tokenized once."""
+    built, init = [], Translator.__init__
+
+    def counted(self, *args, **kwargs):
+        built.append(self)
+        init(self, *args, **kwargs)
+
+    encoded, encode = [], backend.words.encode
+    monkeypatch.setattr(Translator, "__init__", counted)
+    monkeypatch.setattr(backend.words, "encode", lambda s: encoded.append(s) or encode(s))
+    app = make_app()
+    asked = [
+        {"text": "a b"},
+        {"text": "a b", "strategy": "beam", "beam_size": 3},
+        {"lines": ["c", "d e"], "strategy": "beam", "beam_size": 2, "nbest": 2},
+        {"text": "f", "attention": True},
+        {"text": "g", "length_penalty": 1.0},
+        {"text": "h", "strategy": "sample"},
+    ]
+
+    async def scenario() -> list[httpx.Response]:
+        async with client_of(app) as client:
+            return await asyncio.gather(*(client.post("/translate", json=body) for body in asked))
+
+    answers = asyncio.run(scenario())
+    assert [a.status_code for a in answers] == [200] * 5 + [422]
+    assert "sample is not available with a echo model" in answers[-1].json()["detail"]
+    assert [t["text"] for t in answers[2].json()["translations"]] == ["c", "d e"]
+    assert len(built) == 1  # make_app's
+    assert sorted(map(tuple, encoded)) == [("a b",), ("a b",), ("c", "d e"), ("f",), ("g",)]
+
+
 def test_a_limit_that_is_not_above_zero_is_refused_by_its_key():
     for key in ("max_pending_pieces", "request_timeout_s", "max_attention_cells"):
         with pytest.raises(ConfigError, match=f"config key '{key}': must be > 0, got 0"):
@@ -354,7 +391,7 @@ def test_tmt_serve_loads_nothing_with_a_bad_limit_and_passes_its_connection_limi
 
     ran, loaded = {}, []
     monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.update(options))
-    monkeypatch.setattr(command.Translator, "from_run", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(command, "load_translator", lambda *a, **k: loaded.append(a))
     monkeypatch.setattr(serve_app, "create_app", lambda translator, limits: "app")
     with pytest.raises(ConfigError, match="max_connections"):
         command.serve(dataclasses.replace(LIMITS, max_connections=0))

@@ -8,6 +8,7 @@ names the key at fault.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.resources
 from dataclasses import dataclass, field
 from enum import Enum
@@ -462,7 +463,7 @@ COMMAND_SCHEMAS = {
 """The schema each command's own configuration composes to (the other presets, such as demo and
 multi30k, are training configurations)."""
 
-JobT = TypeVar("JobT", TrainJob, EvalJob, TranslateJob, AverageJob, ExportJob)
+JobT = TypeVar("JobT", TrainJob, EvalJob, TranslateJob, AverageJob, ExportJob, ServeJob)
 
 
 def as_job(cfg: DictConfig, schema: type[JobT]) -> JobT:
@@ -474,6 +475,27 @@ def as_job(cfg: DictConfig, schema: type[JobT]) -> JobT:
             "this command takes: check --config-name and the file's defaults list"
         )
     return job
+
+
+def config_dict(cfg) -> dict:
+    """A dataclass config as plain Python values, as OmegaConf.to_container would give them
+    (enum_to_str): enums as their names, nested configs as dicts, tuples as lists. What
+    checkpoints, scores.SPLIT.json and the server's answers hold, safe for
+    torch.load(weights_only=True); written out here because OmegaConf takes milliseconds (it
+    builds and type-checks a DictConfig first), and the server writes one per answer."""
+    return {f.name: plain_value(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+
+
+def plain_value(value):
+    if dataclasses.is_dataclass(value):
+        return config_dict(value)
+    if isinstance(value, Enum):
+        return value.name
+    if isinstance(value, (list, tuple)):
+        return [plain_value(item) for item in value]
+    if isinstance(value, dict):
+        return {plain_value(key): plain_value(item) for key, item in value.items()}
+    return value
 
 
 def compose_job(config_name: str, overrides: list[str] | None = None) -> Job:

@@ -7,7 +7,7 @@ scores. Every command reads and writes it through `RunDir`, so its layout is wri
     history.jsonl          one line per start and per end of tmt-train
     prepared.json          {"folder": the prepared corpus this run trains on}
     spm.model | spm.src.model + spm.tgt.model    copies of the tokenizer(s)
-    checkpoints/           step_N.pt, last.pt, best.pt, averaged.pt, exported model folders
+    checkpoints/           the checkpoints (checkpoint/folder.py names them), exported models
     tensorboard/           training and validation scalars
     train.log              the log of tmt-train (rank 0's): a line every trainer.log_every
     hypotheses.SPLIT.txt, scores.SPLIT.json      what tmt-eval translated and measured
@@ -23,6 +23,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_mt.checkpoint.folder import CheckpointFolder
 from transformer_mt.config import DataConfig
 from transformer_mt.data.prepare import PreparedData, prepare, prepared_folder
 from transformer_mt.data.tokenizer import TOKENIZER_FILES, Tokenizers, load_tokenizers
@@ -45,8 +46,8 @@ class RunDir:
         return str(self.path)
 
     @property
-    def checkpoints(self) -> Path:
-        return self.path / "checkpoints"
+    def checkpoints(self) -> CheckpointFolder:
+        return CheckpointFolder(self.path / "checkpoints")
 
     @property
     def tensorboard(self) -> Path:
@@ -57,7 +58,7 @@ class RunDir:
         candidate = Path(name)
         if candidate.is_absolute() or candidate.parent != Path("."):
             return candidate
-        return self.checkpoints / name
+        return self.checkpoints.path / name
 
     def written_by_training(self, name: str) -> bool:
         """Whether tmt-train writes the file `name` of the folder's top level."""

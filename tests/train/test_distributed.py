@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoint import CheckpointFolder, load_checkpoint
 from transformer_mt.commands.train import train
 from transformer_mt.config import compose_job
 from transformer_mt.data.batching import target_fill, token_batches
@@ -180,13 +180,12 @@ def rank_process(
         slow_prepare,
     )
     if resume_step:
-        from transformer_mt.train import start
 
         def stale_listing(folder):
-            path = Path(folder) / f"step_{resume_step}.pt"
+            path = folder.step_file(resume_step)
             return load_checkpoint(path), path
 
-        start.load_newest_readable = stale_listing
+        CheckpointFolder.newest_readable = stale_listing
     job = compose_job("train", [*overrides, *extra])
     try:
         train(job)

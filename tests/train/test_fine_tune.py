@@ -18,6 +18,7 @@ from transformer_mt.data.prepare import open_prepared, prepared_folder
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.tokenizer import PAD_ID, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
+from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.metrics import sacrebleu_scores
@@ -100,7 +101,7 @@ def test_fine_tuning_starts_from_the_parent_and_beats_it_and_a_model_from_scratc
     # Its first logged loss is the parent model's loss on the first update's batch of new data.
     data = open_prepared(prepared_folder(child_job.data))
     probe_job = dataclasses.replace(child_job, run_dir=str(tmp_path / "probe"))
-    probe = Trainer(probe_job, data, torch.device("cpu"))
+    probe = Trainer(probe_job, RunDir(probe_job.run_dir), data, torch.device("cpu"))
     probe.writer.close()
     batches = list(itertools.islice(probe.micro_batches(), probe.plan.accumulation))
     parent_state = torch.load(parent_last, weights_only=True)
@@ -123,12 +124,8 @@ def test_fine_tuning_starts_from_the_parent_and_beats_it_and_a_model_from_scratc
     )
     bleu = {
         "parent": test_bleu_on_new_data(parent_translator, child_run),
-        "fine-tuned": test_bleu_on_new_data(
-            Translator.from_run(child_run, decode=GREEDY), child_run
-        ),
-        "scratch": test_bleu_on_new_data(
-            Translator.from_run(scratch_run, decode=GREEDY), scratch_run
-        ),
+        "fine-tuned": test_bleu_on_new_data(load_translator(child_run, decode=GREEDY), child_run),
+        "scratch": test_bleu_on_new_data(load_translator(scratch_run, decode=GREEDY), scratch_run),
     }
     print(f"BLEU on the new data's test split after {updates} updates: {bleu}")
     assert bleu["fine-tuned"] > bleu["parent"] and bleu["fine-tuned"] > bleu["scratch"], bleu

@@ -7,11 +7,9 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from omegaconf import OmegaConf
-
-from transformer_mt.config import EvalJob, validate_decode
+from transformer_mt.config import EvalJob, config_dict, validate_decode
 from transformer_mt.data.sources import corpus_identity, read_pairs
-from transformer_mt.decode.translator import Translator
+from transformer_mt.decode.loading import load_translator
 from transformer_mt.metrics import (
     SacreBleuScores,
     TokenizedBleu,
@@ -62,7 +60,7 @@ def evaluate(job: EvalJob) -> EvalReport:
     validate_decode(job.decode)
     run = RunDir(job.run_dir)
     data_cfg = run.data_config()
-    translator = Translator.from_run(run.path, job.checkpoint, decode=job.decode, device=job.device)
+    translator = load_translator(run.path, job.checkpoint, decode=job.decode, device=job.device)
     pairs = list(read_pairs(data_cfg, job.split))
     sources, references = [src for src, _ in pairs], [tgt for _, tgt in pairs]
     started = time.perf_counter()
@@ -73,7 +71,7 @@ def evaluate(job: EvalJob) -> EvalReport:
         sentences=len(sources),
         checkpoint=translator.origin,
         data=corpus_identity(data_cfg),
-        decode=OmegaConf.to_container(OmegaConf.structured(job.decode), enum_to_str=True),
+        decode=config_dict(job.decode),
         decode_seconds=round(seconds, 2),
         sacrebleu=sacrebleu_scores(hypotheses, references),
         tokenized=tokenized_bleu_scores(hypotheses, references),

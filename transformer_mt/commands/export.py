@@ -6,12 +6,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from transformer_mt.checkpoint import config_dict, load_checkpoint, model_from_checkpoint
-from transformer_mt.config import ExportFormat, ExportJob
+from transformer_mt.config import ExportFormat, ExportJob, config_dict
 from transformer_mt.data.sources import corpus_identity
-from transformer_mt.decode import ctranslate2_backend, transformers_export
-from transformer_mt.decode.ctranslate2_backend import EXPORT_INFO, EXPORTED
+from transformer_mt.decode.ctranslate2_backend import import_ctranslate2
+from transformer_mt.decode.loading import (
+    EXPORT_INFO,
+    EXPORTED,
+    LoadedCheckpoint,
+    load_run_checkpoint,
+)
 from transformer_mt.errors import ConfigError
+from transformer_mt.export import ctranslate2 as ctranslate2_export
+from transformer_mt.export import transformers as transformers_export
 from transformer_mt.files import check_replaceable
 from transformer_mt.run_dir import RunDir
 
@@ -26,36 +32,32 @@ def export(job: ExportJob) -> Path:
             )
         transformers_export.import_transformers()  # fail before loading anything
     else:
-        ctranslate2_backend.import_ctranslate2()
+        import_ctranslate2()
     run = RunDir(job.run_dir)
     output = run.checkpoint(job.output)
     check_replaceable(output, marker=EXPORT_INFO, what=EXPORTED)  # before any work
-    path = run.checkpoint(job.checkpoint)
-    state = load_checkpoint(path)
-    tokenizers = run.tokenizers()
-    model = model_from_checkpoint(state, path, tokenizers)
+    loaded = load_run_checkpoint(run, job.checkpoint)
     if job.format == ExportFormat.transformers:
-        card = model_card(run, path, state)
-        return transformers_export.export_model(model, tokenizers, output, card=card)
-    return ctranslate2_backend.export_model(
-        model,
-        tokenizers,
+        card = model_card(run, loaded)
+        return transformers_export.export_model(loaded.model, loaded.tokenizers, output, card=card)
+    return ctranslate2_export.export_model(
+        loaded.model,
+        loaded.tokenizers,
         output,
-        unicode_form=run.data_config().unicode_form,
+        unicode_form=loaded.data.unicode_form,
         quantization=job.quantization,
-        provenance={"checkpoint": str(path), "step": int(state["step"])},
+        provenance={"checkpoint": str(loaded.path), "step": loaded.step},
     )
 
 
-def model_card(run: RunDir, path: Path, state: dict) -> transformers_export.ModelCard:
-    """What the run folder says about the checkpoint at `path` (loaded as `state`)."""
+def model_card(run: RunDir, loaded: LoadedCheckpoint) -> transformers_export.ModelCard:
+    """What the run folder says about the checkpoint it loaded."""
     scores = run.scores_file("test")
-    data = run.data_config()
     return transformers_export.ModelCard(
-        checkpoint=str(path),
-        step=int(state["step"]),
-        train_seconds=state.get("progress", {}).get("train_seconds"),
-        corpus=corpus_identity(data),
-        data=config_dict(data),
+        checkpoint=str(loaded.path),
+        step=loaded.step,
+        train_seconds=loaded.record.progress.get("train_seconds"),
+        corpus=corpus_identity(loaded.data),
+        data=config_dict(loaded.data),
         test_scores=json.loads(scores.read_text(encoding="utf-8")) if scores.is_file() else None,
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from transformer_mt.config import ServeJob, validate_decode
-from transformer_mt.decode.translator import Translator
+from transformer_mt.decode.loading import load_translator
 from transformer_mt.errors import TransformerMTError
 
 log = logging.getLogger(__name__)
@@ -24,7 +24,7 @@ def serve(job: ServeJob) -> None:
             "'transformer_mt[serve]'"
         ) from error
     check_limits(job)  # before the model is loaded
-    translator = Translator.from_run(
+    translator = load_translator(  # the one Translator of the server's lifetime
         job.run_dir, job.checkpoint, decode=job.decode, device=job.device
     )
     log.info("serving %s on http://%s:%d/", job.run_dir, job.host, job.port)

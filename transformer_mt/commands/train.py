@@ -43,9 +43,10 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     ranks, device = start_ranks(cfg.trainer.device, cfg.trainer.rank_timeout_minutes)
     if device.type == "cpu":
         keep_freed_host_memory()  # +16% target tokens/s on Multi30k with 2 cores
+    run = RunDir(cfg.run_dir)
     try:
-        with RunDir(cfg.run_dir).lock() if ranks.is_main else contextlib.nullcontext():
-            last = train_ranks(cfg, ranks, device, overrides or [])
+        with run.lock() if ranks.is_main else contextlib.nullcontext():
+            last = train_ranks(cfg, run, ranks, device, overrides or [])
         # Leave together: a rank that tears its connections down while another is still in its
         # last collectives (rank 0 validates and saves last) can abort that rank at exit.
         ranks.barrier()
@@ -54,8 +55,9 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
         stop_ranks(ranks)
 
 
-def train_ranks(cfg: TrainJob, ranks: Ranks, device: torch.device, overrides: list[str]) -> Path:
-    run = RunDir(cfg.run_dir)
+def train_ranks(
+    cfg: TrainJob, run: RunDir, ranks: Ranks, device: torch.device, overrides: list[str]
+) -> Path:
     # Absolute paths, so that eval and translate find the corpus from any working directory.
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
     if cfg.data.dir is not None:
@@ -131,7 +133,7 @@ def train_started(
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
-        trainer = Trainer(cfg, data, device, ranks, valid_bleu=valid_bleu(cfg, data, device))
+        trainer = Trainer(cfg, run, data, device, ranks, valid_bleu=valid_bleu(cfg, data, device))
         if ranks.rank:
             torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
         log.info(
@@ -143,7 +145,7 @@ def train_started(
         )
         trainer.begin(start)
         del start  # the checkpoint it held
-        reason = fit(trainer)
+        reason = trainer.fit()
     except BaseException as error:
         if ranks.is_main:
             step = trainer.progress.step if trainer is not None else first_step
@@ -152,29 +154,7 @@ def train_started(
     if ranks.is_main:
         how = "stop signal" if trainer.stop_signalled else "finished"
         run.append_history(end_record(how, reason, trainer.progress.step))
-    return trainer.checkpoint_dir / "last.pt"
-
-
-def fit(trainer: Trainer) -> str:
-    """Train until a stopping rule fires; validate and save the end state; return the reason."""
-    try:
-        reason = trainer.fit()
-        log.info(
-            "stopped: %s after %d updates, %.1f min of training",
-            reason,
-            trainer.progress.step,
-            trainer.progress.train_seconds / 60,
-        )
-        if not trainer.stop_signalled:  # pre-emption leaves no time for more (agreed by all ranks)
-            improved = False
-            if trainer.validated_step != trainer.progress.step:
-                improved, _ = trainer.validate_and_judge()
-            if improved or trainer.saved_step != trainer.progress.step:
-                trainer.save(best=improved)
-        return reason
-    finally:
-        if trainer.writer:
-            trainer.writer.close()
+    return run.checkpoints.last
 
 
 def valid_bleu(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from transformer_mt.config import TranslateJob
+from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import TransformerMTError
 
@@ -29,9 +30,7 @@ line, about 40k for 200-piece sentences, so chunks are kept small."""
 
 def translate(job: TranslateJob) -> None:
     check_distinct_files(job)  # before anything is opened for writing
-    translator = Translator.from_run(
-        job.run_dir, job.checkpoint, decode=job.decode, device=job.device
-    )
+    translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
     with ExitStack() as files:
         if job.input is None:
             source, name = sys.stdin.buffer, "<stdin>"
@@ -67,17 +66,15 @@ def translate_stream(
     attention: TextIO | None = None,
     attention_layer: int = -1,
 ) -> None:
-    """Translations of `source`'s lines, one per line, flushed after every `chunk_lines` lines.
-    With decode.nbest > 1, n-best lists in the format Moses' and Marian's rerankers read:
-    'line number (from 0) ||| translation ||| F0= score ||| score', best first. With an
-    `attention` file, a JSON line per input line (see TranslateJob.attention)."""
+    """Translations of `source`'s lines, one per line, flushed after every `chunk_lines` lines,
+    with the translator's decode settings. With decode.nbest > 1, n-best lists in the format
+    Moses' and Marian's rerankers read: 'line number (from 0) ||| translation ||| F0= score |||
+    score', best first. With an `attention` file, a JSON line per input line (see
+    TranslateJob.attention)."""
     number = 0
+    layer = None if attention is None else attention_layer
     for lines in line_batches(source, name, chunk_lines):
-        if attention is None:
-            translated = [(nbest, None) for nbest in translator.translate_nbest(lines)]
-        else:
-            translated = translator.translate_with_attention(lines, attention_layer)
-        for nbest, attended in translated:
+        for nbest in translator.translate_nbest(lines, attention=layer):
             if translator.decode.nbest > 1:
                 for entry in nbest:
                     score = f"{entry.score:.4f}"
@@ -86,8 +83,8 @@ def translate_stream(
                 target.write(nbest[0].text + "\n")
             if attention is not None:
                 record = {"line": number, "weights": None}
-                if attended is not None:
-                    record = {"line": number, **dataclasses.asdict(attended)}
+                if nbest[0].attention is not None:
+                    record = {"line": number, **dataclasses.asdict(nbest[0].attention)}
                 attention.write(json.dumps(record, ensure_ascii=False) + "\n")
             number += 1
         target.flush()

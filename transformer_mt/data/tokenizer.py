@@ -14,6 +14,8 @@ from transformer_mt.device import usable_cpus
 from transformer_mt.errors import ConfigError, DataError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+SPECIAL_PIECES = ["<pad>", "<unk>", "<s>", "</s>"]
+"""SentencePiece's spelling of our PAD, UNK, BOS, EOS (ids 0-3)."""
 SHARED_FILE, SRC_FILE, TGT_FILE = "spm.model", "spm.src.model", "spm.tgt.model"
 TOKENIZER_FILES = (SHARED_FILE, SRC_FILE, TGT_FILE)
 
@@ -65,6 +67,17 @@ class Tokenizers:
     @property
     def files(self) -> list[Path]:
         return [self.src.path] if self.shared else [self.src.path, self.tgt.path]
+
+
+def vocabulary(tokenizer: Tokenizer) -> list[str]:
+    """The tokenizer's pieces in id order (each piece's position in the list is its id), checked
+    to start with SPECIAL_PIECES (what the exporters write as the model's vocabulary)."""
+    pieces = [tokenizer.processor.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    if pieces[:4] != SPECIAL_PIECES:
+        raise DataError(
+            f"{tokenizer.path}: pieces 0-3 are {pieces[:4]}, not {' '.join(SPECIAL_PIECES)}"
+        )
+    return pieces
 
 
 def load_tokenizers(folder: Path) -> Tokenizers:

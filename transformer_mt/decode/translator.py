@@ -1,33 +1,32 @@
 """Text in, text out: tokenizer + a search backend, batched by length, input order restored.
 
 The Translator prepares text the same way whatever runs the search: normalisation, tokenizer,
-truncation to the model's length limit, batches under decode.batch_tokens. The backend turns
-one batch of source piece ids into n-best lists: `ModelSearch` runs our model with
-decode/search.py and decode/sampling.py; `ctranslate2_backend.CTranslate2Search` runs a model
-written by tmt-export.
+truncation to the model's length limit, batches under decode.batch_tokens. The decode settings
+are an argument of each call (the Translator keeps defaults for calls that pass none), so one
+Translator serves requests with any settings. The backend turns one batch of source piece ids
+into n-best lists: `ModelSearch` runs our model with decode/search.py and decode/sampling.py;
+`ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export. decode/loading.py
+builds a Translator from a run folder or an export.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
 
-from transformer_mt.checkpoint import load_checkpoint, model_from_checkpoint
 from transformer_mt.config import DecodeConfig, Strategy, validate_decode
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import Hypothesis, beam_search, greedy_search
-from transformer_mt.device import resolve_device
 from transformer_mt.errors import ConfigError
 from transformer_mt.model import Transformer
-from transformer_mt.run_dir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +40,26 @@ class SearchBackend(Protocol):
 
     def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
         """N-best lists (best first, EOS dropped) for one batch of sources that fit."""
+        ...
+
+    def reseed(self, seed: int) -> None:
+        """Sample from `seed` afresh (tmt-serve does it before each sampling request); a backend
+        without Strategy.sample has nothing to reseed."""
+        ...
+
+
+@runtime_checkable
+class AttentionReader(Protocol):
+    """A backend that can also say where the model looked (translate_nbest's `attention`)."""
+
+    decoder_layers: int
+
+    def cross_attention(
+        self, sources: list[list[int]], targets: list[list[int]], layer: int
+    ) -> list[list[list[float]]]:
+        """Per pair: decoder layer `layer`'s cross-attention, averaged over heads, of the model
+        reading `target` for `source` (both without EOS): (len(target) + 1) rows of
+        (len(source) + 1) weights, EOS last on both sides."""
         ...
 
 
@@ -132,10 +151,11 @@ class Translation:
 
     text: str
     score: float  # the search's score: beam, length-penalised log-probability; else log-probability
+    attention: AttentionMap | None = None  # the best of a list, when translate_nbest is asked
 
 
 class Translator:
-    """Translate lists of sentences."""
+    """Translate lists of sentences, with each call's decode settings or the defaults."""
 
     def __init__(
         self,
@@ -144,19 +164,15 @@ class Translator:
         decode: DecodeConfig,
         *,
         unicode_form: str | None = "NFC",
+        origin: dict | None = None,
     ):
-        """unicode_form: the normalisation the training data had (data.unicode_form)."""
-        validate_decode(decode)
-        if decode.strategy not in backend.strategies:
-            offered = " or ".join(s.value for s in backend.strategies)
-            raise ConfigError(
-                f"config key 'decode.strategy': {decode.strategy.value} is not available with a "
-                f"{backend.name} model ({offered})"
-            )
-        self.backend, self.tokenizers, self.decode = backend, tokenizers, decode
-        self.unicode_form = unicode_form
+        """decode: the settings of calls that give none; unicode_form: the normalisation the
+        training data had (data.unicode_form); origin: which checkpoint (or export) translates,
+        as decode/loading.py found it."""
+        self.backend, self.tokenizers = backend, tokenizers
+        self.unicode_form, self.origin = unicode_form, origin
         self.max_source_tokens = backend.max_source_tokens
-        self.origin: dict | None = None  # from_run: which checkpoint (or export) translates
+        self.decode = self.checked(decode)
 
     @classmethod
     def for_model(
@@ -167,56 +183,64 @@ class Translator:
         device: torch.device,
         *,
         unicode_form: str | None = "NFC",
+        origin: dict | None = None,
     ) -> Translator:
-        """A Translator that searches with `model` on `device`."""
+        """A Translator that searches with `model` on `device` (sampling from decode.seed)."""
         backend = ModelSearch(model, device, sampling_seed=decode.seed)
-        return cls(backend, tokenizers, decode, unicode_form=unicode_form)
+        return cls(backend, tokenizers, decode, unicode_form=unicode_form, origin=origin)
 
-    @classmethod
-    def from_run(
-        cls,
-        run_dir: str | Path,
-        checkpoint: str = "last.pt",
-        *,
-        decode: DecodeConfig | None = None,
-        device: str = "auto",
-    ) -> Translator:
-        """Everything comes from the run folder: tokenizers, model configuration and weights.
-        A `checkpoint` that names a folder written by tmt-export is run by CTranslate2."""
-        run = RunDir(run_dir)
-        path = run.checkpoint(checkpoint)
-        decode = decode or DecodeConfig()
-        if path.is_dir():
-            from transformer_mt.decode.ctranslate2_backend import translator_from_export
+    def checked(self, decode: DecodeConfig | None) -> DecodeConfig:
+        """`decode` (None: the defaults), or ConfigError naming the setting that is not possible
+        (with this backend)."""
+        if decode is None:
+            return self.decode
+        validate_decode(decode)
+        if decode.strategy not in self.backend.strategies:
+            offered = " or ".join(s.value for s in self.backend.strategies)
+            raise ConfigError(
+                f"config key 'decode.strategy': {decode.strategy.value} is not available with a "
+                f"{self.backend.name} model ({offered})"
+            )
+        return decode
 
-            translator = translator_from_export(path, decode=decode, device=device)
-            translator.origin = {"checkpoint": str(path.resolve()), "format": "ctranslate2"}
-            return translator
-        state = load_checkpoint(path)
-        tokenizers = run.tokenizers()
-        log.info("translating with %s (update %d)", path, int(state["step"]))
-        translator = cls.for_model(
-            model_from_checkpoint(state, path, tokenizers),
-            tokenizers,
-            decode,
-            resolve_device(device),
-            unicode_form=run.data_config().unicode_form,
-        )
-        translator.origin = {"checkpoint": str(path.resolve()), "step": int(state["step"])}
-        return translator
-
-    def translate(self, sentences: list[str]) -> list[str]:
+    def translate(self, sentences: list[str], *, decode: DecodeConfig | None = None) -> list[str]:
         """One translation per input sentence, in input order; an empty line gives an empty line.
         Each translation is one line (a line break the model spelled in byte pieces is a space)."""
-        return [
-            single_line(t)
-            for t in self.tokenizers.tgt.decode(self.translate_ids(self.encode(sentences)))
-        ]
+        ids = self.translate_ids(self.encode(sentences), decode)
+        return [single_line(t) for t in self.tokenizers.tgt.decode(ids)]
 
-    def translate_nbest(self, sentences: list[str]) -> list[list[Translation]]:
+    def translate_nbest(
+        self,
+        sentences: list[str],
+        *,
+        decode: DecodeConfig | None = None,
+        attention: int | None = None,
+    ) -> list[list[Translation]]:
         """Up to decode.nbest translations per input sentence, best first, in input order; an
-        empty line gives one empty translation with score 0."""
-        return self.nbest_texts(self.nbest_ids(self.encode(sentences)))
+        empty line gives one empty translation with score 0. attention: a decoder layer (-1:
+        the last) whose cross-attention behind each best translation it carries (None for an
+        empty line); None: no attention."""
+        return self.translate_encoded(self.encode(sentences), decode=decode, attention=attention)
+
+    def translate_encoded(
+        self,
+        ids: list[list[int]],
+        *,
+        decode: DecodeConfig | None = None,
+        attention: int | None = None,
+    ) -> list[list[Translation]]:
+        """translate_nbest for sentences already encoded by `encode` (the server encodes each
+        request once: to bound it when it arrives, then to translate it)."""
+        reader = None if attention is None else self.attention_reader()  # before the search
+        nbest = self.nbest_ids(ids, decode)
+        translations = self.nbest_texts(nbest)
+        if reader is None:
+            return translations
+        maps = self.attention_maps(reader, ids, nbest, attention, decode)
+        return [
+            [dataclasses.replace(best, attention=attended), *rest]
+            for (best, *rest), attended in zip(translations, maps, strict=True)
+        ]
 
     def nbest_texts(self, nbest: list[list[Hypothesis]]) -> list[list[Translation]]:
         texts = map(
@@ -224,56 +248,72 @@ class Translator:
         )
         return [[Translation(next(texts), h.score) for h in hyps] for hyps in nbest]
 
-    def translate_with_attention(
-        self, sentences: list[str], layer: int = -1
-    ) -> list[tuple[list[Translation], AttentionMap | None]]:
-        """translate_nbest's lists, each with the cross-attention of decoder layer `layer` behind
-        its best translation (None for an empty line)."""
-        attend = getattr(self.backend, "cross_attention", None)
-        if attend is None:
+    def attention_reader(self) -> AttentionReader:
+        """The backend, which must be able to read attention (ConfigError otherwise)."""
+        if not isinstance(self.backend, AttentionReader):
             raise ConfigError(
                 f"attention needs a transformer_mt checkpoint, not a {self.backend.name} model"
             )
-        ids = self.encode(sentences)
-        nbest = self.nbest_ids(ids)
+        return self.backend
+
+    def attention_maps(
+        self,
+        reader: AttentionReader,
+        ids: list[list[int]],
+        nbest: list[list[Hypothesis]],
+        layer: int,
+        decode: DecodeConfig | None,
+    ) -> list[AttentionMap | None]:
+        """The cross-attention of decoder layer `layer` behind each best hypothesis, read again
+        teacher-forced (None for an empty line)."""
         sources = [s[: self.max_source_tokens] for s in ids]  # as the search read them
         targets = [hyps[0].tokens for hyps in nbest]
-        maps: list[AttentionMap | None] = [None] * len(sentences)
-        for batch in self.batches(sources):
-            weights = attend([sources[i] for i in batch], [targets[i] for i in batch], layer)
+        maps: list[AttentionMap | None] = [None] * len(ids)
+        for batch in self.batches(sources, decode):
+            weights = reader.cross_attention(
+                [sources[i] for i in batch], [targets[i] for i in batch], layer
+            )
             for index, matrix in zip(batch, weights, strict=True):
                 maps[index] = AttentionMap(
                     source_pieces=[*self.tokenizers.src.pieces(sources[index]), "</s>"],
                     target_pieces=[*self.tokenizers.tgt.pieces(targets[index]), "</s>"],
                     weights=matrix,
-                    layer=layer % self.backend.decoder_layers,
+                    layer=layer % reader.decoder_layers,
                 )
-        return list(zip(self.nbest_texts(nbest), maps, strict=True))
+        return maps
 
     def encode(self, sentences: list[str]) -> list[list[int]]:
         return self.tokenizers.src.encode(
             [normalise(s.strip(), self.unicode_form) for s in sentences]
         )
 
-    def translate_ids(self, ids: list[list[int]]) -> list[list[int]]:
+    def translate_ids(
+        self, ids: list[list[int]], decode: DecodeConfig | None = None
+    ) -> list[list[int]]:
         """Target piece ids for each source's piece ids (no EOS), in input order."""
-        return [hyps[0].tokens for hyps in self.nbest_ids(ids)]
+        return [hyps[0].tokens for hyps in self.nbest_ids(ids, decode)]
 
-    def nbest_ids(self, ids: list[list[int]]) -> list[list[Hypothesis]]:
+    def nbest_ids(
+        self, ids: list[list[int]], decode: DecodeConfig | None = None
+    ) -> list[list[Hypothesis]]:
         """Up to decode.nbest hypotheses per source's piece ids, best first, in input order."""
+        decode = self.checked(decode)
         outputs = [[Hypothesis([], 0.0)] for _ in ids]
-        for batch in self.batches(ids):
-            for index, hyps in zip(batch, self.search([ids[i] for i in batch]), strict=True):
-                outputs[index] = hyps[: self.decode.nbest]
+        for batch in self.batches(ids, decode):
+            found = self.search([ids[i] for i in batch], decode)
+            for index, hyps in zip(batch, found, strict=True):
+                outputs[index] = hyps[: decode.nbest]
         return outputs
 
-    def batches(self, ids: list[list[int]]) -> list[list[int]]:
-        """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens."""
+    def batches(self, ids: list[list[int]], decode: DecodeConfig | None = None) -> list[list[int]]:
+        """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens
+        (None: the defaults')."""
+        budget = (decode or self.decode).batch_tokens
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
         batches, current, longest = [], [], 0
         for index in order:
             width = min(len(ids[index]), self.max_source_tokens) + 1
-            if current and max(longest, width) * (len(current) + 1) > self.decode.batch_tokens:
+            if current and max(longest, width) * (len(current) + 1) > budget:
                 batches.append(current)
                 current, longest = [], 0
             current.append(index)
@@ -291,6 +331,6 @@ class Translator:
             )
         return [s[: self.max_source_tokens] for s in sources]
 
-    def search(self, sources: list[list[int]]) -> list[list[Hypothesis]]:
+    def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
         """N-best lists (best first) for one batch of sources, truncated to the model's limit."""
-        return self.backend.search(self.truncate(sources), self.decode)
+        return self.backend.search(self.truncate(sources), decode)

@@ -35,10 +35,10 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from transformer_mt.config import DecodeConfig, ServeJob, Strategy, validate_decode
+from transformer_mt.config import DecodeConfig, ServeJob, Strategy, config_dict
 from transformer_mt.decode.translator import AttentionMap, Translator
 from transformer_mt.errors import ConfigError
-from transformer_mt.serve.batcher import Batcher, Busy, Job, Result
+from transformer_mt.serve.batcher import Batcher, Busy, QueuedWork, Result
 
 RETRY_AFTER_S = 1
 """What a 503 tells the client to wait: about one batch's time on a CPU (benchmarks/serve.txt),
@@ -105,9 +105,10 @@ def create_app(
     *,
     sleep: Callable[[float], Awaitable] = asyncio.sleep,
 ) -> FastAPI:
-    """The application around one loaded model (loaded once, by the caller). `limits`: the
-    ServeJob whose max_* keys and request_timeout_s bound each request (its decode settings are
-    the translator's). `sleep`: how a request's deadline is awaited (tests pass a fake clock)."""
+    """The application around one Translator (loaded once, by the caller), which answers every
+    request with the request's own decode settings. `limits`: the ServeJob whose max_* keys and
+    request_timeout_s bound each request (its decode settings are the translator's defaults).
+    `sleep`: how a request's deadline is awaited (tests pass a fake clock)."""
     app = FastAPI(title="transformer_mt", docs_url=None, redoc_url=None)
     batcher = Batcher(translator, max_pending_pieces=limits.max_pending_pieces)
     app.state.batcher = batcher
@@ -124,14 +125,14 @@ def create_app(
         return {
             "status": "ok",
             "model": model_record(translator.origin),
-            "decode": decode_record(translator.decode),
+            "decode": config_dict(translator.decode),
         }
 
     @app.post("/translate")
     async def translate(request: Request) -> Response:
-        job = admitted_job(await read_body(request, limits), translator, limits)
+        work = admitted_work(await read_body(request, limits), translator, limits)
         try:
-            answer = batcher.submit(job)
+            answer = batcher.submit(work)
         except Busy as busy:
             raise Refused(503, str(busy), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         body = await answered(request, answer, limits.request_timeout_s, sleep)
@@ -164,8 +165,9 @@ async def read_body(request: Request, limits: ServeJob) -> bytes:
     return b"".join(chunks)
 
 
-def admitted_job(body: bytes, translator: Translator, limits: ServeJob) -> Job:
-    """The job a request asks for, or Refused (422) saying what is wrong with it."""
+def admitted_work(body: bytes, translator: Translator, limits: ServeJob) -> QueuedWork:
+    """The work a request asks for, its lines encoded (once: the worker translates these ids),
+    or Refused (422) saying what is wrong with it."""
     try:
         asked = TranslateRequest.model_validate_json(body)
     except ValidationError as error:
@@ -176,8 +178,7 @@ def admitted_job(body: bytes, translator: Translator, limits: ServeJob) -> Job:
         raise Refused(422, "the request is not valid", errors=errors) from None
     lines = request_lines(asked, limits)
     try:
-        decode = requested_decode(translator.decode, asked, limits)
-        Translator(translator.backend, translator.tokenizers, decode)  # checks the strategy
+        decode = requested_decode(translator, asked, limits)
     except ConfigError as error:
         raise Refused(422, str(error)) from None
     ids = translator.encode(lines)
@@ -187,7 +188,7 @@ def admitted_job(body: bytes, translator: Translator, limits: ServeJob) -> Job:
     if asked.attention:
         check_attention_cells(ids, decode, translator.max_source_tokens, limits)
     layer = asked.attention_layer if asked.attention else None
-    return Job(lines, decode, layer, pieces, functools.partial(answer_bytes, decode=decode))
+    return QueuedWork(ids, decode, layer, pieces, functools.partial(answer_bytes, decode=decode))
 
 
 def request_lines(asked: TranslateRequest, limits: ServeJob) -> list[str]:
@@ -233,9 +234,9 @@ def check_attention_cells(
 async def answered(
     request: Request, answer: Future, timeout: float, sleep: Callable[[float], Awaitable]
 ) -> bytes:
-    """The job's answer; Refused 504 once sleep(timeout) is over. Whatever ends the wait (the
-    answer, the deadline, the client hanging up, this handler's cancellation) cancels the job,
-    so a job not yet started is never computed (a running one is not interrupted)."""
+    """The work's answer; Refused 504 once sleep(timeout) is over. Whatever ends the wait (the
+    answer, the deadline, the client hanging up, this handler's cancellation) cancels the work,
+    so work not yet started is never computed (running work is not interrupted)."""
     waiting = asyncio.wrap_future(answer)
     gone = asyncio.ensure_future(hung_up(request))
     late = asyncio.ensure_future(sleep(timeout))
@@ -271,11 +272,11 @@ def answer_bytes(results: Result, decode: DecodeConfig) -> bytes:
             {
                 "text": nbest[0].text,
                 "nbest": [{"text": t.text, "score": t.score} for t in nbest],
-                "attention": attention_record(attended),
+                "attention": attention_record(nbest[0].attention),
             }
-            for nbest, attended in results
+            for nbest in results
         ],
-        "decode": decode_record(decode),
+        "decode": config_dict(decode),
     }
     return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
@@ -293,9 +294,11 @@ def attention_record(attended: AttentionMap | None) -> dict | None:
     }
 
 
-def requested_decode(default: DecodeConfig, asked: TranslateRequest, limits: ServeJob):
+def requested_decode(
+    translator: Translator, asked: TranslateRequest, limits: ServeJob
+) -> DecodeConfig:
     """The server's decode settings with the request's own; ConfigError when they are not
-    possible."""
+    possible (over max_beam_size, or not with this translator's model)."""
     changes = {
         name: getattr(asked, name)
         for name in (
@@ -311,11 +314,10 @@ def requested_decode(default: DecodeConfig, asked: TranslateRequest, limits: Ser
     }
     if asked.strategy is not None:
         changes["strategy"] = Strategy(asked.strategy)
-    decode = dataclasses.replace(default, **changes)
+    decode = dataclasses.replace(translator.decode, **changes)
     if decode.beam_size > limits.max_beam_size:
         raise ConfigError(f"beam_size {decode.beam_size}: the limit is {limits.max_beam_size}")
-    validate_decode(decode)
-    return decode
+    return translator.checked(decode)
 
 
 def model_record(origin: dict | None) -> dict | None:
@@ -324,10 +326,3 @@ def model_record(origin: dict | None) -> dict | None:
     if origin is None:
         return None
     return {**origin, "checkpoint": Path(origin["checkpoint"]).name}
-
-
-def decode_record(decode: DecodeConfig) -> dict:
-    return {
-        name: (value.value if isinstance(value, Strategy) else value)
-        for name, value in dataclasses.asdict(decode).items()
-    }

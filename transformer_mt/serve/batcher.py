@@ -2,10 +2,12 @@
 same decode settings are translated together (the Translator then batches their lines by
 decode.batch_tokens), so that many small requests cost about one batch each, not one each.
 
-The waiting work is bounded in source pieces (`Busy` beyond it: the server answers 503), and a
-job whose client stopped waiting is cancelled: it leaves the queue at once and is never
+The waiting work is bounded in source pieces (`Busy` beyond it: the server answers 503), and
+work whose client stopped waiting is cancelled: it leaves the queue at once and is never
 computed. The worker also writes each answer's JSON, so that the event loop never holds up
-every other client while a large answer is serialised.
+every other client while a large answer is serialised. One Translator serves the server's
+lifetime: each group is translated with its own decode settings, from the piece ids the request
+was encoded to when it arrived.
 """
 
 from __future__ import annotations
@@ -17,18 +19,20 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from transformer_mt.config import DecodeConfig, Strategy
-from transformer_mt.decode.translator import AttentionMap, Translation, Translator
+from transformer_mt.decode.translator import Translation, Translator
 
-Result = list[tuple[list[Translation], AttentionMap | None]]
+Result = list[list[Translation]]  # an n-best list per line; the best carries its attention map
 
 
 class Busy(Exception):
     """The pending work is at its bound: the client should try again later."""
 
 
-@dataclass(eq=False)  # a job is itself: two equal requests are two jobs
-class Job:
-    lines: list[str]
+@dataclass(eq=False)  # work is itself: two equal requests are two pieces of work
+class QueuedWork:
+    """One admitted request, waiting for the worker."""
+
+    ids: list[list[int]]  # its lines, encoded by Translator.encode
     decode: DecodeConfig
     attention_layer: int | None  # None: no attention asked for
     pieces: int  # source pieces, EOS included: the batch budget and the bound on pending work
@@ -37,7 +41,7 @@ class Job:
 
     @property
     def key(self) -> tuple:
-        """Jobs with equal keys can share a Translator call."""
+        """Work with equal keys can share a Translator call."""
         return (self.decode, self.attention_layer)
 
 
@@ -45,48 +49,48 @@ class Batcher:
     def __init__(self, translator: Translator, *, max_pending_pieces: int):
         self.translator = translator
         self.max_pending_pieces = max_pending_pieces
-        self.waiting: deque[Job] = deque()
-        self.pending_pieces = 0  # of the jobs admitted and neither answered nor cancelled
+        self.waiting: deque[QueuedWork] = deque()
+        self.pending_pieces = 0  # of the work admitted and neither answered nor cancelled
         self.ready = threading.Condition()
         self.stopped = False
         self.batch_sizes: list[int] = []  # requests per Translator call, for tests and logs
         self.worker = threading.Thread(target=self.run, name="translate", daemon=True)
         self.worker.start()
 
-    def submit(self, job: Job) -> Future:
-        """Queue the job; its future gives the answer's bytes (cancel it to drop the job).
+    def submit(self, work: QueuedWork) -> Future:
+        """Queue the work; its future gives the answer's bytes (cancel it to drop the work).
         Busy when its pieces would take the pending work over max_pending_pieces."""
         with self.ready:
-            if self.pending_pieces + job.pieces > self.max_pending_pieces:
+            if self.pending_pieces + work.pieces > self.max_pending_pieces:
                 raise Busy(
                     f"{self.pending_pieces} source pieces are pending and this request has "
-                    f"{job.pieces}: the limit is {self.max_pending_pieces}"
+                    f"{work.pieces}: the limit is {self.max_pending_pieces}"
                 )
-            self.pending_pieces += job.pieces
-            self.waiting.append(job)
+            self.pending_pieces += work.pieces
+            self.waiting.append(work)
             self.ready.notify()
-        job.result.add_done_callback(lambda _: self.forget(job))
-        return job.result
+        work.result.add_done_callback(lambda _: self.forget(work))
+        return work.result
 
-    def forget(self, job: Job) -> None:
-        """A job ended (answered, failed or cancelled): its pieces stop counting, and a
-        cancelled one leaves the queue now, so clients that gave up hold no room."""
+    def forget(self, work: QueuedWork) -> None:
+        """Work ended (answered, failed or cancelled): its pieces stop counting, and cancelled
+        work leaves the queue now, so clients that gave up hold no room."""
         with self.ready:
-            self.pending_pieces -= job.pieces
-            if job in self.waiting:
-                self.waiting.remove(job)
+            self.pending_pieces -= work.pieces
+            if work in self.waiting:
+                self.waiting.remove(work)
 
     def stop(self) -> None:
         with self.ready:
             self.stopped = True
             abandoned = list(self.waiting)
             self.ready.notify()
-        for job in abandoned:
-            job.result.cancel()
+        for work in abandoned:
+            work.result.cancel()
         self.worker.join()
 
-    def next_group(self) -> list[Job] | None:
-        """The next jobs to translate together; None once stopped."""
+    def next_group(self) -> list[QueuedWork] | None:
+        """The next work to translate together; None once stopped."""
         with self.ready:
             while True:
                 while not self.waiting and not self.stopped:
@@ -96,23 +100,23 @@ class Batcher:
                 if group := self.take_group():
                     return group
 
-    def take_group(self) -> list[Job]:
-        """(Holding the lock.) The oldest waiting job and every other waiting job with its
-        settings, up to decode.batch_tokens source pieces in all (the first job always goes).
-        A sampling job goes alone: its seed alone decides its output. A job cancelled just now
+    def take_group(self) -> list[QueuedWork]:
+        """(Holding the lock.) The oldest waiting work and all other waiting work with its
+        settings, up to decode.batch_tokens source pieces in all (the first always goes).
+        Sampling work goes alone: its seed alone decides its output. Work cancelled just now
         is dropped here, uncomputed (the empty list if that was the oldest)."""
         first = self.waiting.popleft()
         if not first.result.set_running_or_notify_cancel():
             return []
         group, pieces, others = [first], first.pieces, deque()
         while self.waiting and first.decode.strategy is not Strategy.sample:
-            job = self.waiting.popleft()
-            fits = pieces + job.pieces <= first.decode.batch_tokens
-            if not (job.key == first.key and fits):
-                others.append(job)
-            elif job.result.set_running_or_notify_cancel():
-                group.append(job)
-                pieces += job.pieces
+            work = self.waiting.popleft()
+            fits = pieces + work.pieces <= first.decode.batch_tokens
+            if not (work.key == first.key and fits):
+                others.append(work)
+            elif work.result.set_running_or_notify_cancel():
+                group.append(work)
+                pieces += work.pieces
         self.waiting.extendleft(reversed(others))  # the others wait on, in their order
         return group
 
@@ -121,31 +125,24 @@ class Batcher:
             self.batch_sizes.append(len(group))
             self.translate(group)
 
-    def translate(self, group: list[Job]) -> None:
-        """Translate the group's lines in one Translator call and answer each job."""
+    def translate(self, group: list[QueuedWork]) -> None:
+        """Translate the group's lines in one Translator call and answer each request."""
         first = group[0]
-        lines = [line for job in group for line in job.lines]
-        translator = Translator(
-            self.translator.backend,
-            self.translator.tokenizers,
-            first.decode,
-            unicode_form=self.translator.unicode_form,
-        )
-        if first.decode.strategy is Strategy.sample:  # only ModelSearch offers it
+        ids = [line for work in group for line in work.ids]
+        if first.decode.strategy is Strategy.sample:  # the request's seed decides its sample
             self.translator.backend.reseed(first.decode.seed)
         try:
-            if first.attention_layer is None:
-                results = [(n, None) for n in translator.translate_nbest(lines)]
-            else:
-                results = translator.translate_with_attention(lines, first.attention_layer)
+            results = self.translator.translate_encoded(
+                ids, decode=first.decode, attention=first.attention_layer
+            )
         except Exception as error:  # every waiting client hears of it; the worker goes on
-            for job in group:
-                job.result.set_exception(error)
+            for work in group:
+                work.result.set_exception(error)
             return
         start = 0
-        for job in group:
+        for work in group:
             try:
-                job.result.set_result(job.render(results[start : start + len(job.lines)]))
+                work.result.set_result(work.render(results[start : start + len(work.ids)]))
             except Exception as error:
-                job.result.set_exception(error)
-            start += len(job.lines)
+                work.result.set_exception(error)
+            start += len(work.ids)

@@ -1,4 +1,4 @@
-"""What a checkpoint must carry for a run to continue exactly, and the checks on resuming.
+"""What a checkpoint must carry for a run to continue exactly: the progress and RNG states.
 
 Exact: model, optimizer, learning-rate schedule, gradient scaler, every rank's RNG and the data
 position, when the run resumes with the same number of ranks and micro-batch budget. With another
@@ -10,26 +10,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from transformer_mt.config import ModelConfig
-from transformer_mt.errors import CheckpointError
 from transformer_mt.train.distributed import Ranks
 
 log = logging.getLogger(__name__)
-
-# Model settings that change parameter shapes or what the parameters mean.
-SHAPE_KEYS = (
-    "d_model",
-    "n_heads",
-    "d_ff",
-    "n_encoder_layers",
-    "n_decoder_layers",
-    "norm_first",
-    "max_positions",
-)
 
 
 @dataclass
@@ -44,28 +30,13 @@ class Progress:
     train_seconds: float = 0.0
     skipped_updates: int = 0  # non-finite gradients
     best_score: float | None = None  # validation BLEU, or -loss when BLEU is off
-    best_step: int | None = None  # the update best_score was measured at (best.pt's)
+    best_step: int | None = None  # the update best_score was measured at
     validations_without_improvement: int = 0
 
     @classmethod
     def from_state(cls, saved: dict) -> Progress:
         known = {name: saved[name] for name in cls.__dataclass_fields__ if name in saved}
         return cls(**known)
-
-
-def check_model_matches(
-    saved: dict, model: ModelConfig, vocab_sizes: dict[str, int | None], path: Path
-) -> None:
-    """CheckpointError naming the first setting that differs from the checkpoint's."""
-    current = {**{key: getattr(model, key) for key in SHAPE_KEYS}, **vocab_sizes}
-    stored = {**saved.get("model_config", {}), **{k: saved.get(k) for k in vocab_sizes}}
-    for key, value in current.items():
-        if key in stored and stored[key] != value:
-            name = f"model.{key}" if key in SHAPE_KEYS else f"the tokenizer's {key}"
-            raise CheckpointError(
-                f"{path}: {name} is {value} in this configuration but {stored[key]} in the "
-                f"checkpoint; use a new run_dir, or restore {name}={stored[key]}"
-            )
 
 
 def rng_states(ranks: Ranks, device: torch.device) -> dict[str, list[torch.Tensor]]:

@@ -18,12 +18,11 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.checkpoint import config_dict, load_checkpoint, load_newest_readable
-from transformer_mt.config import ResumeMode, TrainJob
+from transformer_mt.checkpoint import CheckpointRecord, load_checkpoint
+from transformer_mt.config import ResumeMode, TrainJob, config_dict
 from transformer_mt.data.tokenizer import load_tokenizers
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train.run_state import check_model_matches
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +152,7 @@ def parent_run_folder(init_from: Path) -> Path:
 
 def parent_checkpoint(init_from: Path) -> Path:
     if init_from.is_dir():
-        return RunDir(init_from).checkpoint("last.pt")
+        return RunDir(init_from).checkpoints.last
     return init_from
 
 
@@ -166,8 +165,7 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
     found = resumable_checkpoint(cfg, run)
     if found is not None:
         state, path = found
-        check_same_data(state, path, data_folder)
-        check_model_matches(state, cfg.model, {}, path)
+        check_resumable(CheckpointRecord.read(state, path), path, cfg, data_folder)
         training = [d for d in changed if not d.steering]
         if training and cfg.trainer.resume != ResumeMode.force:
             raise ConfigError(
@@ -181,7 +179,12 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
         return Start(StartKind.resume, state, path, changed, training)
     if cfg.trainer.init_from is not None:
         path = parent_checkpoint(Path(cfg.trainer.init_from))
-        return Start(StartKind.fine_tune, load_checkpoint(path), path, changed)
+        state = load_checkpoint(path)
+        ours = CheckpointRecord.of_run(cfg.model, None)
+        mismatch = ours.first_mismatch(CheckpointRecord.read(state, path), ["shape"])
+        if mismatch is not None:  # the vocabulary is compared once the data is ready (Trainer)
+            raise CheckpointError(shape_refusal(mismatch, path))
+        return Start(StartKind.fine_tune, state, path, changed)
     return Start(StartKind.new, changed=changed)
 
 
@@ -190,29 +193,54 @@ def resumable_checkpoint(cfg: TrainJob, run: RunDir) -> tuple[dict, Path] | None
     ConfigError when trainer.resume=never finds some."""
     if cfg.trainer.resume_from is not None:
         path = Path(cfg.trainer.resume_from)
-        return load_checkpoint(path), path
+        state = load_checkpoint(path)
+        if "optimizer" not in state:
+            raise CheckpointError(
+                f"trainer.resume_from={path}: it holds a model only (no optimizer state: an "
+                "average?), so training cannot continue from it; fine-tune from it with "
+                "trainer.init_from instead"
+            )
+        return state, path
     folder = run.checkpoints
-    if not folder.is_dir():
-        return None
     if cfg.trainer.resume == ResumeMode.never:
-        existing = list(folder.glob("*.pt"))
+        existing = folder.has_checkpoints()
         if existing:
             raise ConfigError(
                 f"trainer.resume=never, but {folder} holds {len(existing)} checkpoint file(s): "
                 "use a new run_dir, or trainer.resume=auto to continue"
             )
         return None
-    return load_newest_readable(folder)
+    return folder.newest_readable()
 
 
-def check_same_data(state: dict, path: Path, data_folder: Path) -> None:
-    if state.get("data_folder") != data_folder.name:
+def check_resumable(saved: CheckpointRecord, path: Path, cfg: TrainJob, data_folder: Path) -> None:
+    """CheckpointError unless the checkpoint at `path` was trained on this configuration's data
+    and has its model's shape (the vocabulary is checked once the data is ready: Trainer)."""
+    ours = CheckpointRecord.of_run(cfg.model, None, data_folder.name)
+    mismatch = ours.first_mismatch(saved, ["data", "shape"])
+    if mismatch is None:
+        return
+    if mismatch.aspect == "data":
         raise CheckpointError(
-            f"{path} was trained on prepared data {state.get('data_folder')}, but this "
-            f"configuration prepares {data_folder.name} (a data or tokenizer setting, or the "
-            "corpus, changed): use a new run_dir, restore the original settings, or fine-tune "
-            "from this run on the new data with trainer.init_from"
+            f"{path} was trained on prepared data {mismatch.theirs}, but this configuration "
+            f"prepares {mismatch.ours} (a data or tokenizer setting, or the corpus, changed): "
+            "use a new run_dir, restore the original settings, or fine-tune from this run on "
+            "the new data with trainer.init_from"
         )
+    raise CheckpointError(shape_refusal(mismatch, path))
+
+
+def shape_refusal(mismatch, path: Path) -> str:
+    """The refusal of a checkpoint whose model or vocabulary differs from this run's."""
+    name = (
+        f"model.{mismatch.setting}"
+        if mismatch.aspect == "model"
+        else f"the tokenizer's {mismatch.setting}"
+    )
+    return (
+        f"{path}: {name} is {mismatch.ours} in this configuration but {mismatch.theirs} in the "
+        f"checkpoint; use a new run_dir, or restore {name}={mismatch.theirs}"
+    )
 
 
 def describe(start: Start) -> str:

@@ -5,11 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import errno
 import logging
 import math
-import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -20,34 +17,24 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import (
-    config_dict,
-    is_training_checkpoint,
-    prune_step_checkpoints,
-    save_checkpoint,
-)
+from transformer_mt.checkpoint import CheckpointRecord
 from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import Batch, BatchDataset, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.device import autocast_dtype, autocast_for
 from transformer_mt.errors import CheckpointError
-from transformer_mt.files import link_atomically, remove_partial_writes
+from transformer_mt.files import remove_partial_writes
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.flops import peak_flops, step_flops
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.loss import LossSums, label_smoothed_loss
 from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, WindowStats
-from transformer_mt.train.run_state import (
-    Progress,
-    check_model_matches,
-    restore_rng,
-    rng_states,
-)
+from transformer_mt.train.run_state import Progress, restore_rng, rng_states
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.signals import StopSignals, ignore_stop_signals
-from transformer_mt.train.start import Start, StartKind, describe
+from transformer_mt.train.start import Start, StartKind, describe, shape_refusal
 from transformer_mt.train.validation import ValidationScores, validation_loss
 
 log = logging.getLogger(__name__)
@@ -61,25 +48,23 @@ class Trainer:
     def __init__(
         self,
         cfg: TrainJob,
+        run: RunDir,
         data: PreparedData,
         device: torch.device,
         ranks: Ranks | None = None,
         *,
         valid_bleu: Callable[[Transformer], float] | None = None,
     ):
-        """valid_bleu: the BLEU of a model's translations of (part of) the valid split, given by
-        the command (commands/train.py); None: validate the loss only."""
-        self.cfg, self.data, self.device = cfg, data, device
+        """run: the command's run folder (checkpoints and TensorBoard go there). valid_bleu: the
+        BLEU of a model's translations of (part of) the valid split, given by the command
+        (commands/train.py); None: validate the loss only."""
+        self.cfg, self.run, self.data, self.device = cfg, run, data, device
         self.ranks = ranks or Ranks()
         self.valid_bleu = valid_bleu
-        self.run = RunDir(cfg.run_dir)
-        self.checkpoint_dir = self.run.checkpoints
-        tokenizers = data.tokenizers
-        self.vocab_sizes = {
-            "vocab_size": tokenizers.tgt.vocab_size,
-            "src_vocab_size": None if tokenizers.shared else tokenizers.src.vocab_size,
-        }
-        self.model = Transformer(cfg.model, pad_id=PAD_ID, **self.vocab_sizes).to(device)
+        self.checkpoints = run.checkpoints
+        # What this run's checkpoints say of themselves (step and progress added when saved).
+        self.record = CheckpointRecord.of_run(cfg.model, data.tokenizers, data.folder.name)
+        self.model = self.record.build_model().to(device)
         self.train_model = self.model
         if self.ranks.distributed:
             self.train_model = DistributedDataParallel(
@@ -130,22 +115,27 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         """The run's whole state; a collective (every rank's RNG is gathered)."""
+        record = self.record.with_progress(self.progress.step, vars(self.progress))
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict(),
-            "model_config": config_dict(self.cfg.model),
-            **self.vocab_sizes,
-            "data_folder": self.data.folder.name,
-            "step": self.progress.step,
-            "progress": vars(self.progress).copy(),
+            **record.as_state(),
             **rng_states(self.ranks, self.device),
         }
 
+    def check_fits(self, state: dict, path: Path) -> None:
+        """CheckpointError unless the checkpoint's model has this run's shape and vocabulary."""
+        mismatch = self.record.first_mismatch(
+            CheckpointRecord.read(state, path), ["shape", "vocabulary"]
+        )
+        if mismatch is not None:
+            raise CheckpointError(shape_refusal(mismatch, path))
+
     def load_state_dict(self, state: dict, path: Path) -> None:
         """Continue the run whose checkpoint `state` is (train/start.py checked that it may)."""
-        check_model_matches(state, self.cfg.model, self.vocab_sizes, path)
+        self.check_fits(state, path)
         try:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
@@ -174,50 +164,27 @@ class Trainer:
             log.warning("another number of ranks: dropout draws fresh random numbers")
 
     def save(self, *, best: bool = False) -> Path:
-        """Write step_N.pt (rank 0), point last.pt (and best.pt) at it, prune old ones."""
+        """Write the checkpoint of this update (rank 0; a collective: every rank calls it)."""
         state = self.state_dict()
-        step_path = self.checkpoint_dir / f"step_{self.progress.step}.pt"
+        path = self.checkpoints.step_file(self.progress.step)
         if self.ranks.is_main:
-            try:
-                save_checkpoint(state, step_path)
-            except OSError as error:
-                raise CheckpointError(self.unwritten(step_path, error)) from error
-            if best:  # before last.pt: a resume from an older last.pt re-judges this step
-                link_atomically(step_path, self.checkpoint_dir / "best.pt")
-            link_atomically(step_path, self.checkpoint_dir / "last.pt")
-            prune_step_checkpoints(self.checkpoint_dir, self.cfg.trainer.keep_checkpoints)
+            keep = self.cfg.trainer.keep_checkpoints
+            path = self.checkpoints.save(
+                state, self.progress.step, best=best, keep=keep, previous=self.saved_step
+            )
         self.saved_step = self.progress.step
         self.last_save_time = time.monotonic()
-        return step_path
-
-    def unwritten(self, step_path: Path, error: OSError) -> str:
-        """What a failed checkpoint write means for the user: which checkpoint is intact."""
-        previous = self.checkpoint_dir / "last.pt"
-        kept = (
-            f"the previous checkpoint {previous} (update {self.saved_step}) is intact"
-            if previous.is_file()
-            else "there is no previous checkpoint"
-        )
-        cause = error.strerror or str(error)
-        if error.errno == errno.ENOSPC:
-            free = shutil.disk_usage(self.checkpoint_dir).free / 2**20
-            cause = f"{cause}: the disk is full, {free:.0f} MiB free"
-        return (
-            f"could not write checkpoint {step_path} ({cause}); {kept}: free space and rerun "
-            "the same command to continue from it"
-        )
+        return path
 
     def begin(self, start: Start) -> None:
         """Resume the checkpoint, or take a parent's weights (fine-tuning), as `start` says."""
         if self.ranks.is_main:
             # Only what tmt-train writes: tmt-eval or tmt-average may be writing the rest now.
-            owned = {
-                self.run.path: self.run.written_by_training,
-                self.checkpoint_dir: is_training_checkpoint,
-            }
-            for folder, ours in owned.items():
-                for path in remove_partial_writes(folder, ours) if folder.is_dir() else ():
-                    log.info("removed %s, left by an interrupted write", path.name)
+            stale = [*self.checkpoints.remove_partial_writes()]
+            if self.run.path.is_dir():
+                stale += remove_partial_writes(self.run.path, self.run.written_by_training)
+            for path in stale:
+                log.info("removed %s, left by an interrupted write", path.name)
         self.ranks.barrier()
         if start.kind == StartKind.resume:
             self.load_state_dict(start.state, start.path)
@@ -227,32 +194,31 @@ class Trainer:
         log.info("%s", describe(start))
 
     def relink_best(self) -> None:
-        """best.pt at the checkpoint of the recorded best score: a kill between writing a new
-        best step file and linking best.pt resumes from that step, with best.pt still at the
-        older best (rank 0)."""
+        """The best checkpoint's link at the checkpoint of the recorded best score (rank 0; see
+        CheckpointFolder.point_best_at)."""
         best_step = self.progress.best_step
-        if not self.ranks.is_main or best_step is None:
-            return
-        best = self.checkpoint_dir / "best.pt"
-        step_path = self.checkpoint_dir / f"step_{best_step}.pt"
-        if step_path.is_file() and not (best.is_file() and os.path.samefile(best, step_path)):
-            link_atomically(step_path, best)
-            log.info("best.pt now points at %s, the recorded best", step_path.name)
+        if (
+            self.ranks.is_main
+            and best_step is not None
+            and self.checkpoints.point_best_at(best_step)
+        ):
+            log.info(
+                "%s now points at update %d, the recorded best",
+                self.checkpoints.best.name,
+                best_step,
+            )
 
     def load_parent_weights(self, state: dict, path: Path) -> None:
         """The parent's model weights only: optimizer, schedule and update count start afresh."""
-        parent_vocab = state.get("vocab_size"), state.get("src_vocab_size")
-        ours = self.vocab_sizes["vocab_size"], self.vocab_sizes["src_vocab_size"]
-        if parent_vocab != ours:
+        parent, ours = CheckpointRecord.read(state, path), self.record
+        if ours.first_mismatch(parent, ["vocabulary"]) is not None:
             raise CheckpointError(
-                f"{path}: the parent model's embedding has {parent_vocab[0]} target pieces"
-                f"{'' if parent_vocab[1] is None else f' and {parent_vocab[1]} source pieces'}, "
-                f"but this run's tokenizer (data.spm_model={self.cfg.data.spm_model}) has "
-                f"{ours[0]}{'' if ours[1] is None else f' and {ours[1]} source pieces'}: "
+                f"{path}: the parent model's embedding has {pieces(parent)}, but this run's "
+                f"tokenizer (data.spm_model={self.cfg.data.spm_model}) has {pieces(ours)}: "
                 "fine-tuning needs the parent's own SentencePiece model (leave data.spm_model "
                 "unset and trainer.init_from supplies it)"
             )
-        check_model_matches(state, self.cfg.model, self.vocab_sizes, path)
+        self.check_fits(state, path)
         try:
             self.model.load_state_dict(state["model"])
         except RuntimeError as error:
@@ -306,6 +272,21 @@ class Trainer:
                 return
 
     # ---- one update --------------------------------------------------------------------------
+    def forward_backward(self, batch: Batch, scale: float, sync: bool) -> LossSums:
+        """One micro-batch: forward, label-smoothed loss, backward of loss * scale (gradients
+        accumulate); `sync`: all-reduce the gradients (DDP: the last micro-batch of an update).
+        Returns the summed loss, nll and target tokens, detached."""
+        no_sync = self.ranks.distributed and not sync
+        with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
+            batch = batch.to(self.device)
+            with autocast_for(self.device, self.cfg.trainer.precision):
+                logits = self.train_model(batch.src, batch.tgt_in)
+            sums = label_smoothed_loss(
+                logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
+            )
+            self.scaler.scale(sums.loss * scale).backward()
+        return LossSums(sums.loss.detach(), sums.nll.detach(), sums.n_tokens)
+
     def train_step(self, batches: list[Batch]) -> StepStats:
         """One update: the summed loss of every rank's micro-batches divided once by their total
         target tokens, so it equals the update of one big batch. Returns device tensors."""
@@ -315,22 +296,9 @@ class Trainer:
         scale = self.ranks.world_size / total_tokens
         loss_sum = nll_sum = 0.0
         for index, batch in enumerate(batches):
-            last = index == len(batches) - 1
-            sync = (
-                contextlib.nullcontext()
-                if last or not self.ranks.distributed
-                else self.train_model.no_sync()
-            )
-            batch = batch.to(self.device)
-            with sync:
-                with autocast_for(self.device, self.cfg.trainer.precision):
-                    logits = self.train_model(batch.src, batch.tgt_in)
-                sums = label_smoothed_loss(
-                    logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
-                )
-                self.scaler.scale(sums.loss * scale).backward()
-            loss_sum += sums.loss.detach()
-            nll_sum += sums.nll.detach()
+            sums = self.forward_backward(batch, scale, sync=index == len(batches) - 1)
+            loss_sum += sums.loss
+            nll_sum += sums.nll
         self.scaler.unscale_(self.optimizer)
         clip = self.cfg.optim.clip_norm
         grad_norm = torch.nn.utils.clip_grad_norm_(
@@ -361,7 +329,7 @@ class Trainer:
             flops=sum(
                 step_flops(
                     self.cfg.model,
-                    self.vocab_sizes["vocab_size"],
+                    self.record.vocab_size,
                     b.src.shape[0],
                     b.src.shape[1],
                     b.tgt_in.shape[1],
@@ -461,7 +429,34 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self) -> str:
-        """Train until a stopping rule fires; return which one."""
+        """Train until a stopping rule fires, then validate and save the end state (unless a stop
+        signal leaves no time for it, as all ranks agree); return the rule that fired. The
+        TensorBoard writer is closed however it ends."""
+        try:
+            reason = self.run_until_stopped()
+            log.info(
+                "stopped: %s after %d updates, %.1f min of training",
+                reason,
+                self.progress.step,
+                self.progress.train_seconds / 60,
+            )
+            if not self.stop_signalled:
+                self.finish()
+            return reason
+        finally:
+            if self.writer:
+                self.writer.close()
+
+    def finish(self) -> None:
+        """The final validation and checkpoint, where the last update has none yet."""
+        improved = False
+        if self.validated_step != self.progress.step:
+            improved, _ = self.validate_and_judge()
+        if improved or self.saved_step != self.progress.step:
+            self.save(best=improved)
+
+    def run_until_stopped(self) -> str:
+        """The updates, with a progress bar on a terminal, until a stopping rule fires."""
         trainer = self.cfg.trainer
         bar = tqdm(
             total=trainer.max_steps or None,
@@ -537,3 +532,9 @@ class Trainer:
         if window:  # the last, partial logging window
             reason = self.log_train(window, time.perf_counter() - window_start, bar) or reason
         return reason
+
+
+def pieces(record: CheckpointRecord) -> str:
+    """'400 target pieces' (and the source's with separate vocabularies)."""
+    source = "" if record.src_vocab_size is None else f" and {record.src_vocab_size} source pieces"
+    return f"{record.vocab_size} target pieces{source}"

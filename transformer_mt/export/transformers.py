@@ -1,4 +1,4 @@
-"""Hugging Face transformers (the optional `hf` extra: HF_REQUIREMENT): our model as a folder
+"""tmt-export format=transformers (the optional `hf` extra: HF_REQUIREMENT): our model as a folder
 that `MarianMTModel.from_pretrained` and `MarianTokenizer.from_pretrained` load with no code of
 ours, with a model card (README.md).
 
@@ -50,15 +50,19 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from transformer_mt.config import DecodeConfig, ModelConfig
-from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, Tokenizers
-from transformer_mt.decode.ctranslate2_backend import (
-    EXPORT_INFO,
-    EXPORTED,
+from transformer_mt.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
     SPECIAL_PIECES,
-    check_exportable,
+    UNK_ID,
+    Tokenizer,
+    Tokenizers,
     vocabulary,
 )
+from transformer_mt.decode.loading import EXPORT_INFO, EXPORTED
 from transformer_mt.errors import TransformerMTError
+from transformer_mt.export import check_exportable
 from transformer_mt.files import replacing_folder
 from transformer_mt.model import DecoderLayer, EncoderLayer, Transformer
 

@@ -1,0 +1,39 @@
+"""The checkpoint, in one place: its format (`format`: one dict of plain values and tensors,
+written atomically, read with weights_only=True), its record (`record`: what the checkpoint's
+model is and what it was trained on, and the one check of whether it fits a run), the folder of
+a run's checkpoints (`folder`: the only module that names its files) and averaging."""
+
+from transformer_mt.checkpoint.average import average_checkpoints, check_compatible
+from transformer_mt.checkpoint.folder import (
+    CheckpointFolder,
+    is_training_checkpoint,
+    load_newest_readable,
+    newest_step_checkpoints,
+    prune_step_checkpoints,
+    step_checkpoints,
+)
+from transformer_mt.checkpoint.format import FORMAT, load_checkpoint, save_checkpoint
+from transformer_mt.checkpoint.record import (
+    SHAPE_KEYS,
+    CheckpointRecord,
+    Mismatch,
+    model_from_checkpoint,
+)
+
+__all__ = [
+    "FORMAT",
+    "SHAPE_KEYS",
+    "CheckpointFolder",
+    "CheckpointRecord",
+    "Mismatch",
+    "average_checkpoints",
+    "check_compatible",
+    "is_training_checkpoint",
+    "load_checkpoint",
+    "load_newest_readable",
+    "model_from_checkpoint",
+    "newest_step_checkpoints",
+    "prune_step_checkpoints",
+    "save_checkpoint",
+    "step_checkpoints",
+]

@@ -1,0 +1,81 @@
+"""Checkpoint averaging, as the paper averages its last 5 (base) or 20 (big) checkpoints: the
+mean of each parameter, refused for checkpoints of different models or data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoint.format import FORMAT, load_checkpoint
+from transformer_mt.checkpoint.record import CheckpointRecord
+from transformer_mt.errors import CheckpointError
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+    """The mean of the models in `paths` (accumulated in float64, cast back to each tensor's
+    dtype), with the first checkpoint's configuration and the newest step; no optimizer,
+    schedule or RNG state, since the result is for decoding, not for resuming training."""
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    first_path = Path(paths[0])
+    first = load_checkpoint(first_path)
+    first_record = CheckpointRecord.read(first, first_path)
+    sums = {
+        name: tensor.to(torch.float64) if tensor.is_floating_point() else tensor
+        for name, tensor in first["model"].items()
+    }
+    newest_step = int(first["step"])
+    for path in map(Path, paths[1:]):
+        state = load_checkpoint(path)
+        check_compatible(first, first_path, state, path, first_record)
+        for name, tensor in state["model"].items():
+            if tensor.is_floating_point():
+                sums[name] += tensor.to(torch.float64)
+        newest_step = max(newest_step, int(state["step"]))
+        del state  # one checkpoint in memory at a time, besides the first and the sums
+    model = {
+        name: (total / len(paths)).to(first["model"][name].dtype)
+        if total.is_floating_point()
+        else total
+        for name, total in sums.items()
+    }
+    described = first_record.as_state()
+    del described["progress"]  # an average is for decoding: it has no training progress
+    return {
+        "format": FORMAT,
+        "model": model,
+        **described,
+        "step": newest_step,
+        "averaged_from": [Path(path).name for path in paths],
+    }
+
+
+def check_compatible(
+    reference: dict, reference_path: Path, state: dict, path: Path, record: CheckpointRecord
+) -> None:
+    """CheckpointError naming both files and the first setting or tensor in which `state`
+    differs from `reference` (whose record is `record`): their mean would be no model."""
+
+    def differ(key: str, ours: Any, theirs: Any) -> CheckpointError:
+        return CheckpointError(
+            f"{reference_path} and {path} cannot be averaged: {key} differs ({ours} vs {theirs})"
+        )
+
+    mismatch = record.first_mismatch(
+        CheckpointRecord.read(state, path), ["model", "vocabulary", "data"]
+    )
+    if mismatch is not None:
+        prefix = "model_config." if mismatch.aspect == "model" else ""
+        raise differ(f"{prefix}{mismatch.setting}", mismatch.ours, mismatch.theirs)
+    ours, theirs = reference["model"], state["model"]
+    for name in sorted(ours.keys() | theirs.keys()):
+        if name not in ours or name not in theirs:
+            presence = ["present" if name in model else "absent" for model in (ours, theirs)]
+            raise differ(f"model.{name}", *presence)
+        a, b = ours[name], theirs[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise differ(f"model.{name}", f"{a.dtype}{list(a.shape)}", f"{b.dtype}{list(b.shape)}")
+        if not a.is_floating_point() and not torch.equal(a, b):
+            raise differ(f"model.{name}", "one value", "another (a non-float tensor must agree)")
