@@ -227,12 +227,12 @@ class Trainer:
     # ---- data --------------------------------------------------------------------------------
     def epoch_loader(self) -> torch.utils.data.DataLoader:
         """This rank's batches of this epoch from the saved position on, collated in workers."""
-        train, trainer = self.data.train, self.cfg.trainer
+        train, settings = self.data.train, self.cfg.trainer
         batches = token_batches(
             train.src.lengths,
             train.tgt.lengths,
             self.plan.micro_batch_tokens,
-            seed=trainer.seed,
+            seed=settings.seed,
             epoch=self.progress.epoch,
             rank=self.ranks.rank,
             world_size=self.ranks.world_size,
@@ -246,7 +246,7 @@ class Trainer:
         dataset = BatchDataset(
             self.data.folder, "train", batches, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
         )
-        workers = trainer.loader_workers
+        workers = settings.loader_workers
         return torch.utils.data.DataLoader(
             dataset,
             batch_size=None,
@@ -257,7 +257,7 @@ class Trainer:
             worker_init_fn=ignore_stop_signals if workers else None,
             # Its own generator: the loader must not draw from the global RNG that dropout uses,
             # or a resumed run would get different dropout masks from an uninterrupted one.
-            generator=torch.Generator().manual_seed(trainer.seed + progress.epoch),
+            generator=torch.Generator().manual_seed(settings.seed + progress.epoch),
         )
 
     def micro_batches(self):
@@ -418,13 +418,13 @@ class Trainer:
         )
 
     def stop_rule(self) -> str | None:
-        trainer, progress = self.cfg.trainer, self.progress
-        if trainer.max_steps and progress.step >= trainer.max_steps:
-            return f"reached trainer.max_steps={trainer.max_steps}"
-        if trainer.max_epochs and progress.epoch >= trainer.max_epochs:
-            return f"reached trainer.max_epochs={trainer.max_epochs}"
+        settings, progress = self.cfg.trainer, self.progress
+        if settings.max_steps and progress.step >= settings.max_steps:
+            return f"reached trainer.max_steps={settings.max_steps}"
+        if settings.max_epochs and progress.epoch >= settings.max_epochs:
+            return f"reached trainer.max_epochs={settings.max_epochs}"
         if self.out_of_time:
-            return f"reached trainer.max_time_minutes={trainer.max_time_minutes}"
+            return f"reached trainer.max_time_minutes={settings.max_time_minutes}"
         return None
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -457,14 +457,14 @@ class Trainer:
 
     def run_until_stopped(self) -> str:
         """The updates, with a progress bar on a terminal, until a stopping rule fires."""
-        trainer = self.cfg.trainer
+        settings = self.cfg.trainer
         bar = tqdm(
-            total=trainer.max_steps or None,
+            total=settings.max_steps or None,
             initial=self.progress.step,
             desc="train",
             unit="upd",
             # Only on a terminal: a log file (a cluster job's) gets the text lines instead.
-            disable=not (trainer.progress_bar and self.ranks.is_main and sys.stderr.isatty()),
+            disable=not (settings.progress_bar and self.ranks.is_main and sys.stderr.isatty()),
             dynamic_ncols=True,
         )
         stream = self.micro_batches()
@@ -495,7 +495,7 @@ class Trainer:
         return time_due_main > 0
 
     def run_updates(self, stream, bar) -> str:
-        trainer = self.cfg.trainer
+        settings = self.cfg.trainer
         window, window_start = [], time.perf_counter()
         # Every rank resumed the same saved training time, so this first reading is shared.
         self.out_of_time = self.time_is_up()
@@ -509,23 +509,23 @@ class Trainer:
             self.progress.train_seconds += time.perf_counter() - started
             bar.update(1)
             step = self.progress.step
-            if step % trainer.log_every == 0:
+            if step % settings.log_every == 0:
                 reason = self.log_train(window, time.perf_counter() - window_start, bar)
                 window, window_start = [], time.perf_counter()
             improved = exhausted = False
-            if trainer.valid_every and step % trainer.valid_every == 0:
+            if settings.valid_every and step % settings.valid_every == 0:
                 improved, exhausted = self.validate_and_judge()
-            minutes = trainer.checkpoint_every_minutes
+            minutes = settings.checkpoint_every_minutes
             time_due = bool(minutes) and time.monotonic() - self.last_save_time >= 60 * minutes
             time_due = self.agree_on_stopping(time_due)
-            periodic = trainer.checkpoint_every and step % trainer.checkpoint_every == 0
+            periodic = settings.checkpoint_every and step % settings.checkpoint_every == 0
             if improved or self.stop_signalled or time_due or periodic:
                 self.save(best=improved)
             if self.stop_signalled:
                 return f"stop signal ({self.signals.received or 'on another rank'})"
             if exhausted:
                 reason = (
-                    f"no better validation score in {trainer.patience} validations "
+                    f"no better validation score in {settings.patience} validations "
                     "(trainer.patience)"
                 )
             reason = reason or self.stop_rule()
