@@ -1,12 +1,15 @@
-"""Local files and the Hugging Face `datasets` path, including bad input."""
+"""Local files and the Hugging Face `datasets` path, including bad input and the hub's failures."""
 
 import dataclasses
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 
 from transformer_mt.config import DataConfig, SourceKind, compose_job
-from transformer_mt.data.sources import load_hf_splits, read_pairs
+from transformer_mt.data.sources import load_failure, load_hf_splits, read_pairs, source_version
 from transformer_mt.errors import DataError
 
 
@@ -171,17 +174,156 @@ def test_an_unknown_column_is_named_with_the_columns_that_exist(tmp_path):
         list(read_pairs(cfg, "train"))
 
 
-def test_parquet_files_per_split_as_the_iwslt_preset_reads_them(tmp_path):
-    flat_parquet_folder(tmp_path / "f", {"tr": PAIRS[:30], "va": PAIRS[30:35], "te": PAIRS[35:]})
-    files = {"train": "tr", "validation": "va", "test": "te"}
-    overrides = [
-        f"data.hf_data_files.{split}={tmp_path / 'f' / name}.parquet"
-        for split, name in files.items()
-    ]
-    cfg = compose_job("train", ["data=iwslt17_de_en", *overrides]).data
-    assert cfg.hf_path == "parquet"
-    assert list(read_pairs(cfg, "valid")) == PAIRS[30:35]
-    assert list(read_pairs(cfg, "test")) == PAIRS[35:]
+# ---- IWSLT 2017 from the hub's parquet branch, and the hub's failures ----------------------
+IWSLT_ROWS = {  # (first language, second language) pairs of each folder on the branch
+    "iwslt2017-de-en": {"train": PAIRS[:30], "validation": PAIRS[30:35], "test": PAIRS[35:]},
+    "iwslt2017-en-de": {"train": PAIRS[:3], "validation": PAIRS[3:4], "test": PAIRS[4:5]},
+    "iwslt2017-ar-en": {"train": PAIRS[5:7], "validation": PAIRS[7:8], "test": PAIRS[8:9]},
+}
+
+
+def parquet_branch(folder, *, card: bool = False, skip: str | None = None):
+    """A folder laid out as IWSLT/iwslt2017's refs/convert/parquet branch: a folder per pair
+    and split holding 0000.parquet with a `translation` column (no README, no script), with
+    `card` a dataset card declaring each pair as a config; `skip`: a file left out."""
+    import datasets
+
+    folder.mkdir(parents=True)
+    (folder / ".gitattributes").write_text("*.parquet filter=lfs diff=lfs merge=lfs -text\n")
+    for pair, splits in IWSLT_ROWS.items():
+        first, second = pair.removeprefix("iwslt2017-").split("-")
+        for split, rows in splits.items():
+            path = folder / pair / split / "0000.parquet"
+            if f"{pair}/{split}/0000.parquet" == skip:
+                continue
+            path.parent.mkdir(parents=True)
+            translation = [{first: a, second: b} for a, b in rows]
+            datasets.Dataset.from_dict({"translation": translation}).to_parquet(str(path))
+    if card:
+        configs = "".join(
+            f"- config_name: {pair}\n  data_files:\n"
+            + "".join(f"  - split: {s}\n    path: {pair}/{s}/*.parquet\n" for s in splits)
+            for pair, splits in IWSLT_ROWS.items()
+        )
+        (folder / "README.md").write_text(f"---\nconfigs:\n{configs}---\n")
+    return folder
+
+
+@pytest.mark.parametrize("card", [False, True])
+def test_the_iwslt_preset_reads_the_hubs_parquet_branch_layout(tmp_path, card):
+    preset = compose_job("train", ["data=iwslt17_de_en"]).data
+    assert (preset.hf_path, preset.hf_revision) == ("IWSLT/iwslt2017", "refs/convert/parquet")
+    assert preset.hf_data_files == {
+        split: f"iwslt2017-de-en/{split}/0000.parquet" for split in ("train", "validation", "test")
+    }
+    # The same settings with the repository replaced by a local copy of its branch: datasets
+    # resolves the files against the folder as it does against the repository at the revision.
+    branch = parquet_branch(tmp_path / "iwslt2017", card=card)
+    cfg = dataclasses.replace(preset, hf_path=str(branch))
+    de_en = IWSLT_ROWS["iwslt2017-de-en"]
+    assert list(read_pairs(cfg, "train")) == de_en["train"]
+    assert list(read_pairs(cfg, "valid")) == de_en["validation"]
+    assert list(read_pairs(cfg, "test")) == de_en["test"]
+    assert set(source_version(cfg)) == {"train", "validation", "path"}
+    load_hf_splits.cache_clear()
+
+
+def hub_message(cfg: DataConfig) -> str:
+    with pytest.raises(DataError) as raised:
+        list(read_pairs(cfg, "train"))
+    message = str(raised.value)
+    assert "\n" not in message
+    return message
+
+
+def test_no_network_is_said_with_how_to_use_local_files():
+    # HF_HUB_OFFLINE=1 (tests/conftest.py), and nothing of IWSLT in the cache.
+    message = hub_message(compose_job("train", ["data=iwslt17_de_en"]).data)
+    assert message.startswith(
+        "cannot reach the Hugging Face hub for dataset 'IWSLT/iwslt2017' (revision "
+        "refs/convert/parquet), and it is not in the local cache: ConnectionError: "
+    )
+    assert "OfflineModeIsEnabled" in message
+    assert message.endswith(
+        "Without network access, use local files: data=files data.dir=<folder with "
+        "{split}.{lang} files>, or a copy in the hub's layout: data.hf_path=<folder>"
+    )
+
+
+def test_a_refused_connection_is_no_network_too(tmp_path):
+    # A real failed connection, not offline mode: the hub's address is a closed local port, and
+    # the parquet builder reads an hf:// URL (httpx raises its own ConnectError, which is no
+    # OSError, around the socket's ConnectionRefusedError).
+    script = (
+        "from transformer_mt.config import DataConfig, SourceKind\n"
+        "from transformer_mt.data.sources import read_pairs\n"
+        "from transformer_mt.errors import DataError\n"
+        "url = 'hf://datasets/IWSLT/iwslt2017@refs%2Fconvert%2Fparquet/iwslt2017-de-en/'\n"
+        "files = {s: url + s + '/0000.parquet' for s in ('train', 'validation')}\n"
+        "cfg = DataConfig(source=SourceKind.hf, hf_path='parquet', hf_config=None,\n"
+        "    hf_data_files=files, src_lang='de', tgt_lang='en', valid_split='validation')\n"
+        "try:\n"
+        "    list(read_pairs(cfg, 'train'))\n"
+        "except DataError as error:\n"
+        "    print(error)\n"
+    )
+    environment = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "0",
+        "HF_DATASETS_OFFLINE": "0",
+        "HF_ENDPOINT": "http://127.0.0.1:9",  # the discard port: nothing listens there
+        "HF_HOME": str(tmp_path / "hf"),
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=environment, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    message = result.stdout.strip()
+    assert message.startswith("cannot reach the Hugging Face hub for dataset 'parquet'"), message
+    assert "ConnectError" in message and "data=files" in message
+
+
+def test_a_file_the_revision_lacks_is_named(tmp_path):
+    branch = parquet_branch(tmp_path / "iwslt2017", skip="iwslt2017-de-en/test/0000.parquet")
+    preset = compose_job("train", ["data=iwslt17_de_en"]).data
+    message = hub_message(dataclasses.replace(preset, hf_path=str(branch)))
+    missing = branch / "iwslt2017-de-en" / "test" / "0000.parquet"
+    assert message == (
+        f"dataset '{branch}' (revision refs/convert/parquet) not found: Unable to find "
+        f"'{missing}' (see data.hf_path, data.hf_revision, data.hf_data_files)"
+    )
+
+
+def test_a_folder_that_does_not_exist_is_named(tmp_path):
+    message = hub_message(local_hf(tmp_path / "nowhere"))
+    assert message == (
+        f"dataset '{tmp_path / 'nowhere'}' not found: Couldn't find any data file at "
+        f"{tmp_path / 'nowhere'} (see data.hf_path, data.hf_revision, data.hf_data_files)"
+    )
+
+
+def test_a_script_only_dataset_says_what_to_do(tmp_path):
+    # The layout of IWSLT/iwslt2017's main branch: a loading script (and zip files), which
+    # datasets >= 4 refuses with "RuntimeError: Dataset scripts are no longer supported".
+    import datasets
+
+    folder = tmp_path / "iwslt2017"
+    folder.mkdir()
+    (folder / "iwslt2017.py").write_text("import datasets  # a loading script\n")
+    message = hub_message(local_hf(folder))
+    assert message == (
+        f"dataset '{folder}' is a loading script (iwslt2017.py), which datasets "
+        f"{datasets.__version__} cannot run (datasets 4.0 and later run no scripts): convert it "
+        "to parquet or JSON files (one per split) in a folder and load that"
+    )
+    # The same refusal of a dataset on the hub (which cannot be reached from here): the
+    # exception datasets raises there, classified by the same function.
+    hub = RuntimeError("Dataset scripts are no longer supported, but found iwslt2017.py")
+    message = str(load_failure("IWSLT/iwslt2017", None, None, hub))
+    assert message.startswith(
+        "dataset 'IWSLT/iwslt2017' is a loading script (iwslt2017.py), which datasets "
+    )
+    assert "data.hf_revision=refs/convert/parquet with data.hf_data_files" in message
 
 
 # ---- a damaged local dataset or HF cache: a DataError naming the folder and the fix ----------

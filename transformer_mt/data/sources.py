@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
+import socket
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -215,7 +217,8 @@ def load_hf_splits(path: str, config: str | None, revision: str | None, data_fil
     """Every split of a dataset (memory-mapped Arrow tables, downloaded once into the HF cache):
     a dataset on the hub (an id, with a revision), a folder written by `save_to_disk`, a local
     folder of parquet / JSON files, or a builder ('parquet', 'json') with data files (paths or
-    hf:// URLs) per split."""
+    hf:// URLs) per split. Data files are relative to the dataset's folder or repository (at
+    its revision) unless they are absolute paths or URLs."""
     import datasets  # imported here: loading it costs a second, and only this source needs it
     import pyarrow
     from datasets.builder import DatasetGenerationError
@@ -237,16 +240,81 @@ def load_hf_splits(path: str, config: str | None, revision: str | None, data_fil
     except (pyarrow.ArrowException, DatasetGenerationError) as error:  # before OSError, which
         cache = hf_cache_folder(path, config, revision, data_files)  # ArrowIOError also is
         raise DataError(
-            f"cannot read dataset '{path}' ({config}): {type(error).__name__}: {one_line(error)}. "
-            f"Its copy in the Hugging Face cache ({cache}) is corrupt, or the dataset's own files "
-            "are: delete that cache folder and rerun to read it again"
+            f"cannot read {dataset_name(path, config, revision)}: {type(error).__name__}: "
+            f"{one_line(error)}. Its copy in the Hugging Face cache ({cache}) is corrupt, or the "
+            "dataset's own files are: delete that cache folder and rerun to read it again"
         ) from error
-    except (ConnectionError, OSError) as error:
-        raise DataError(
-            f"cannot load dataset '{path}' ({config}) from the Hugging Face hub or the local "
-            f"cache: {error}. Without network access, use local files instead: "
-            "data=files data.dir=<folder with {split}.{lang} files>"
-        ) from error
+    except Exception as error:
+        failure = load_failure(path, config, revision, error)
+        if failure is None:
+            raise
+        raise failure from error
+
+
+def load_failure(
+    path: str, config: str | None, revision: str | None, error: Exception
+) -> DataError | None:
+    """The one-line message for why `datasets` could not load a dataset: a loading script it
+    cannot run, no network (with no copy in the cache), or a path, revision or file that does
+    not exist; None for an error of another kind (raised as it is)."""
+    import datasets
+
+    name = dataset_name(path, config, revision)
+    script = SCRIPT_ONLY.search(str(error)) if isinstance(error, RuntimeError) else None
+    if script:
+        if Path(path).is_dir():
+            fix = "convert it to parquet or JSON files (one per split) in a folder and load that"
+        else:
+            fix = (
+                "load the hub's parquet copy of it instead, data.hf_revision=refs/convert/parquet "
+                "with data.hf_data_files naming its files (as data=iwslt17_de_en does), or "
+                "local files (data=files data.dir=<folder with {split}.{lang} files>)"
+            )
+        return DataError(
+            f"{name} is a loading script ({script.group(1)}), which datasets "
+            f"{datasets.__version__} cannot run (datasets 4.0 and later run no scripts): {fix}"
+        )
+    if unreachable(error):
+        return DataError(
+            f"cannot reach the Hugging Face hub for {name}, and it is not in the local cache: "
+            f"{type(error).__name__}: {one_line(error)}. Without network access, use "
+            "local files: data=files data.dir=<folder with {split}.{lang} files>, or a copy in "
+            "the hub's layout: data.hf_path=<folder>"
+        )
+    if isinstance(error, FileNotFoundError):  # datasets' DatasetNotFoundError and others too
+        detail = SUPPORTED_EXTENSIONS.sub("", one_line(error)).rstrip(".")
+        return DataError(
+            f"{name} not found: {detail} (see data.hf_path, data.hf_revision, data.hf_data_files)"
+        )
+    if isinstance(error, OSError):
+        return DataError(f"cannot load {name}: {type(error).__name__}: {one_line(error)}")
+    return None
+
+
+SCRIPT_ONLY = re.compile(r"Dataset scripts are no longer supported, but found (\S+)")
+SUPPORTED_EXTENSIONS = re.compile(r" with any supported extension \[[^\]]*\]")
+
+
+def unreachable(error: BaseException) -> bool:
+    """True when the error, or one it was raised from or during, is a failed connection: the
+    hub's offline mode, a refused connection, an unknown host or a timeout (httpx and requests
+    errors carry the socket's error beneath them)."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = error
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return any(isinstance(e, (ConnectionError, TimeoutError, socket.gaierror)) for e in chain)
+
+
+def dataset_name(path: str, config: str | None, revision: str | None) -> str:
+    """'dataset NAME (config C, revision R)', for messages."""
+    details = []
+    if config is not None:
+        details.append(f"config {config}")
+    if revision:
+        details.append(f"revision {revision}")
+    return f"dataset '{path}'" + (f" ({', '.join(details)})" if details else "")
 
 
 def hf_cache_folder(path: str, config: str | None, revision: str | None, data_files: tuple) -> str:
