@@ -79,7 +79,7 @@ def parse_args() -> argparse.Namespace:
 def train_overrides(args: argparse.Namespace, run_dir: Path, prepared_dir: Path) -> list[str]:
     """Hydra overrides for one toy run: single-threaded, one loader worker, a checkpoint every
     few updates, and the training loss logged at every update (so runs compare update by
-    update). Two micro-batches of about 840 tokens make each update (accumulation)."""
+    update). Two micro-batches of 872 tokens make each update (accumulation)."""
     trainer = {
         "max_steps": args.steps,
         "checkpoint_every": args.checkpoint_every,

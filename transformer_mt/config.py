@@ -197,11 +197,14 @@ class TrainerConfig:
     """The training loop: batch semantics, stopping, validation, checkpoints, logging."""
 
     global_batch_tokens: int = 25000
-    """Target tokens in one update, summed over all ranks and micro-batches (the paper: about
-    25,000). Gradient accumulation and the micro-batch size are derived from it."""
+    """Tokens in one update, summed over all ranks and micro-batches: target tokens (the paper:
+    about 25,000), or padded tokens with global_batch_padded. Gradient accumulation and the
+    micro-batch size are derived from it."""
     batch_tokens: int = 25000
     """Most tokens one device processes at once (padded size of the longer side): a memory
     bound. With N ranks, micro-batches hold about global_batch_tokens / N / accumulation."""
+    global_batch_padded: bool = False
+    """True: global_batch_tokens counts padded tokens (micro-batch budgets), not target tokens."""
     max_steps: int = 100_000
     """Stop after this many updates (0: no limit)."""
     max_epochs: int = 0

@@ -118,6 +118,15 @@ def trained_200(folders: Folders) -> None:
     folders.checkpoint("run/checkpoints/last.pt", 200)
 
 
+def trained_by_an_older_version(folders: Folders) -> None:
+    """config.yaml without trainer.global_batch_padded, as versions before it wrote it."""
+    trained_200(folders)
+    path = folders.run.path / RunDir.CONFIG
+    saved = OmegaConf.to_container(OmegaConf.load(path))
+    del saved["trainer"]["global_batch_padded"]
+    path.write_text(OmegaConf.to_yaml(saved))
+
+
 def trained_with(*overrides: str) -> Callable[[Folders], None]:
     def build(folders: Folders) -> None:
         folders.started_with(*overrides)
@@ -330,6 +339,18 @@ ROWS = [
         ["trainer.init_from={root}/parent/checkpoints/step_300.pt"],
         Started(StartKind.fine_tune, 0, "parent/checkpoints/step_300.pt"),
         id="fine-tune: trainer.init_from a checkpoint file",
+    ),
+    pytest.param(
+        trained_by_an_older_version,
+        [],
+        Started(StartKind.resume, 200, STEP_200),
+        id="resume: a setting the saved config.yaml lacks counts as its default",
+    ),
+    pytest.param(
+        trained_by_an_older_version,
+        ["trainer.global_batch_padded=true"],
+        Refused(ConfigError, ("trainer.global_batch_padded: false → true",)),
+        id="refused: a new setting changed from its default",
     ),
     pytest.param(
         parent_of_another_shape,

@@ -1,13 +1,13 @@
 """Length-bucketed batches under a token budget, shuffled per (seed, epoch), split across ranks.
 
-`token_batches` decides which examples go together; `BatchDataset` collates them from the
-memory-mapped store inside DataLoader workers, so the training process only receives tensors.
+`token_batches` decides which examples go together; `plan_batches` how many of them make one
+update and under what budget; `BatchDataset` collates them from the memory-mapped store inside
+DataLoader workers, so the training process only receives tensors.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,15 +59,24 @@ def length_order(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray
 
 def pack(order: np.ndarray, widths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
     """Cut the sorted order into consecutive runs whose count x max width fits max_tokens."""
-    batches, start, longest = [], 0, 0
-    for position, width in enumerate(widths.tolist()):
-        longest = max(longest, width)
-        if position > start and longest * (position - start + 1) > max_tokens:
-            batches.append(order[start:position])
-            start, longest = position, width
-    if start < len(order):
-        batches.append(order[start:])
-    return batches
+    bounds = [0, *batch_ends(widths, max_tokens)]
+    return [order[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
+
+
+def batch_ends(widths: np.ndarray, max_tokens: int) -> list[int]:
+    """Where each run ends: the longest from its start whose count x widest fits max_tokens (a
+    run's first example always goes in, however wide). One vectorized step per run, not a
+    Python step per example: `plan_batches` packs the corpus some 30 times (4.5M examples in
+    length order: 0.05-0.15 s a packing here, against 0.7 s example by example)."""
+    ends, start = [], 0
+    while start < len(widths):
+        # count x widest > max_tokens from count max_tokens // widths[start] + 1 on
+        window = widths[start : start + max_tokens // int(widths[start]) + 1]
+        sizes = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
+        over = np.flatnonzero(sizes[1:] > max_tokens)
+        start += int(over[0]) + 1 if len(over) else len(window)
+        ends.append(start)
+    return ends
 
 
 def split_to_multiple(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
@@ -85,27 +94,75 @@ def split_to_multiple(batches: list[np.ndarray], world_size: int) -> list[np.nda
 
 @dataclass(frozen=True)
 class BatchPlan:
-    """How one update of `global_batch_tokens` target tokens is split over ranks and steps."""
+    """How one update is split over ranks and micro-batches, and what it holds."""
 
     world_size: int
     accumulation: int  # micro-batches per rank and update
     micro_batch_tokens: int  # token budget of one micro-batch (padded size)
     target_tokens: float  # expected real target tokens of one update, all ranks together
+    padded: bool = False  # the update was asked for in padded tokens, not target tokens
+
+    @property
+    def padded_tokens(self) -> int:
+        """The budgets of one update's micro-batches, all ranks together."""
+        return self.world_size * self.accumulation * self.micro_batch_tokens
 
     def describe(self) -> str:
-        return (
-            f"{self.world_size} rank(s) x {self.accumulation} micro-batch(es) of "
-            f"{self.micro_batch_tokens:,} padded tokens = about {self.target_tokens:,.0f} "
-            "target tokens per update"
+        layout = (
+            f"{counted(self.world_size, 'rank')} x {counted(self.accumulation, 'micro-batch')} "
+            f"of {self.micro_batch_tokens:,} padded tokens"
         )
+        if self.padded:
+            return (
+                f"{layout} = {self.padded_tokens:,} padded tokens per update (about "
+                f"{self.target_tokens:,.0f} target tokens)"
+            )
+        return f"{layout} = about {self.target_tokens:,.0f} target tokens per update"
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 rank', '2 ranks', '1 micro-batch', '3 micro-batches'."""
+    plural = noun + ("es" if noun.endswith("h") else "s")
+    return f"{count:,} {noun if count == 1 else plural}"
+
+
+@dataclass(frozen=True)
+class LengthProfile:
+    """What a batch plan needs of a corpus: its widths in batching order (the longer side + 1,
+    as `token_batches` packs them) and its target tokens (with EOS)."""
+
+    widths: np.ndarray
+    target_tokens: int
+
+    @classmethod
+    def of(cls, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> LengthProfile:
+        order = length_order(src_lengths, tgt_lengths)
+        widths = np.maximum(src_lengths[order], tgt_lengths[order]) + 1
+        return cls(widths, int(tgt_lengths.sum()) + len(tgt_lengths))
+
+    def batch_count(self, max_tokens: int) -> int:
+        """Batches per epoch under `max_tokens` (before they are shared out among ranks); never
+        more for a larger budget (a batch from a given start only grows with the budget, and a
+        later start ends no earlier)."""
+        return len(batch_ends(self.widths, max_tokens))
+
+    def smallest_budget(self, most_batches: int, low: int, high: int) -> int:
+        """The smallest budget in [low, high] that packs the corpus into at most `most_batches`
+        batches (high when none does): a binary search, since batch_count never rises."""
+        while low < high:
+            middle = (low + high) // 2
+            if self.batch_count(middle) <= most_batches:
+                high = middle
+            else:
+                low = middle + 1
+        return low
 
 
 def target_fill(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int) -> float:
-    """Real target tokens (with EOS) per budget token in the batches `max_tokens` gives."""
-    order = length_order(src_lengths, tgt_lengths).astype(np.int32)
-    widths = np.maximum(src_lengths[order], tgt_lengths[order]) + 1
-    n_batches = len(pack(order, widths, max_tokens))
-    return float(tgt_lengths.sum() + len(tgt_lengths)) / (n_batches * max_tokens)
+    """Real target tokens (with EOS) per budget token in the batches `max_tokens` gives (what a
+    test needs to ask for a given number of full micro-batches in target tokens)."""
+    profile = LengthProfile.of(src_lengths, tgt_lengths)
+    return profile.target_tokens / (profile.batch_count(max_tokens) * max_tokens)
 
 
 def plan_batches(
@@ -115,17 +172,65 @@ def plan_batches(
     global_target_tokens: int,
     max_batch_tokens: int,
     world_size: int,
+    padded: bool = False,
 ) -> BatchPlan:
-    """The fewest micro-batches per rank that fit `max_batch_tokens` and together hold about
-    `global_target_tokens` target tokens; then the budget that shares them out evenly."""
-    per_rank = global_target_tokens / world_size
-    fill = target_fill(src_lengths, tgt_lengths, max_batch_tokens)
-    accumulation = max(1, math.ceil(per_rank / (max_batch_tokens * fill)))
-    micro = min(max_batch_tokens, math.ceil(per_rank / accumulation / fill))
-    if micro < max_batch_tokens:  # smaller batches pad a little differently: refine once
-        fill = target_fill(src_lengths, tgt_lengths, micro)
-        micro = min(max_batch_tokens, math.ceil(per_rank / accumulation / fill))
-    return BatchPlan(world_size, accumulation, micro, world_size * accumulation * micro * fill)
+    """Micro-batches per rank (`accumulation`) and their budget for updates of
+    `global_target_tokens` (trainer.global_batch_tokens), each budget at most `max_batch_tokens`.
+
+    Target tokens (padded=False; the paper's measure, about 25,000 per update, and the WMT
+    presets') are what an update's gradient averages over, but how many of them a padded budget
+    holds depends on the corpus, its language pair and its tokenizer. So the plan packs the
+    corpus: an update of world_size x accumulation batches holds on average that many times
+    target_tokens / batches per epoch. `accumulation` is the fewest that reach the asked size at
+    the full budget; the budget, the smallest that reaches it with them, raised as far as the
+    same number of batches per epoch allows (a full budget stays `max_batch_tokens`). The plan is
+    the smallest update this batching can give at or above the asked size, so it is monotone in
+    it, and one token more moves it by no more than the batching's own next step (while a
+    budget holds two sentences or more): one batch per epoch fewer, about planned / batches per
+    epoch (Multi30k at 4,096 tokens: 128 batches, 0.8%).
+
+    Padded tokens (padded=True, trainer.global_batch_padded) are the budgets themselves, summed
+    over ranks and micro-batches: `accumulation` is the fewest whose budgets of at most
+    `max_batch_tokens` hold the asked size, the budget the least that shares it out; at least
+    the asked size, less than world_size x accumulation tokens above it, and the same plan for
+    any corpus. `global_batch_tokens` = `batch_tokens` is then one micro-batch of that budget per
+    update (fairseq's --max-tokens) on any language pair and tokenizer. The unit is a switch
+    over the global size rather than a number of micro-batches per update because the global
+    size is shared out among the ranks: a recipe means the same on 1 or 8 GPUs, where a count
+    of micro-batches per rank would multiply the update by the number of ranks.
+
+    The target tokens of either plan are those of one rank's share of the batches; with several
+    ranks, an epoch gains at most world_size - 1 halved batches (`split_to_multiple`).
+    """
+    profile = LengthProfile.of(src_lengths, tgt_lengths)
+    asked, budget = global_target_tokens, max_batch_tokens
+    if padded:
+        accumulation = ceil_div(asked, world_size * budget)
+        micro = ceil_div(asked, world_size * accumulation)
+    else:
+        accumulation, micro = target_token_layout(profile, asked, budget, world_size)
+    batches = world_size * accumulation
+    target = batches * profile.target_tokens / profile.batch_count(micro)
+    return BatchPlan(world_size, accumulation, micro, target, padded)
+
+
+def target_token_layout(
+    profile: LengthProfile, asked: int, max_tokens: int, world_size: int
+) -> tuple[int, int]:
+    """(accumulation, budget) of the smallest update of at least `asked` target tokens: an
+    update of k batches per epoch of n holds k x target_tokens / n on average, so it reaches
+    `asked` when n <= k x target_tokens / asked (integers throughout: no rounding cliffs)."""
+    total = profile.target_tokens
+    accumulation = max(1, ceil_div(asked * profile.batch_count(max_tokens), world_size * total))
+    most_batches = world_size * accumulation * total // asked
+    smallest = profile.smallest_budget(most_batches, 1, max_tokens)
+    # The largest budget that packs the same number of batches: the next count's first, less 1.
+    count = profile.batch_count(smallest)
+    return accumulation, profile.smallest_budget(count - 1, smallest, max_tokens + 1) - 1
+
+
+def ceil_div(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
 
 
 @dataclass

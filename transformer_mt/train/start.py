@@ -11,15 +11,17 @@ and tokenizer cannot continue the run at all.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from transformer_mt.checkpoint import CheckpointRecord, load_checkpoint
-from transformer_mt.config import ResumeMode, TrainJob, config_dict
+from transformer_mt.config import ResumeMode, TrainJob, config_dict, plain_value
 from transformer_mt.data.tokenizer import load_tokenizers
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.run_dir import RunDir
@@ -112,14 +114,39 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def config_differences(saved: dict, new: dict) -> list[Difference]:
-    """Every setting whose value differs, by dotted key (a key one side lacks counts as null)."""
+def config_differences(
+    saved: dict, new: dict, default: Callable[[str], Any] = lambda key: None
+) -> list[Difference]:
+    """Every setting whose value differs, by dotted key. A key the saved configuration lacks (a
+    setting added since it was written) counts as default(key), one the new lacks as null."""
     old, current = flatten(saved), flatten(new)
+
+    def before(key: str) -> Any:
+        return old[key] if key in old else default(key)
+
     return [
-        Difference(key, old.get(key), current.get(key))
+        Difference(key, before(key), current.get(key))
         for key in sorted(old.keys() | current.keys())
-        if old.get(key) != current.get(key)
+        if before(key) != current.get(key)
     ]
+
+
+def schema_default(job: TrainJob, key: str) -> Any:
+    """The default of the dotted `key` in the job's schema (None where it has none): what a
+    configuration written before the setting existed meant."""
+    *parents, name = key.split(".")
+    node = job
+    for part in parents:
+        node = getattr(node, part, None)
+    if node is None or not dataclasses.is_dataclass(node):
+        return None
+    for field_ in dataclasses.fields(node):
+        if field_.name == name:
+            if field_.default is not dataclasses.MISSING:
+                return plain_value(field_.default)
+            if field_.default_factory is not dataclasses.MISSING:
+                return plain_value(field_.default_factory())
+    return None
 
 
 def use_parent_tokenizer(cfg: TrainJob) -> None:
@@ -160,7 +187,9 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
     """How this command starts; CheckpointError / ConfigError / DataError when it must not. Reads,
     never writes."""
     saved = run.saved_config()
-    changed = config_differences(saved, config_dict(cfg)) if saved is not None else []
+    changed = []
+    if saved is not None:
+        changed = config_differences(saved, config_dict(cfg), lambda key: schema_default(cfg, key))
     run.check_prepared(data_folder, [d for d in changed if d.key.startswith("data.")])
     found = resumable_checkpoint(cfg, run)
     if found is not None:

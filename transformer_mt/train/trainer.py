@@ -97,6 +97,7 @@ class Trainer:
             global_target_tokens=cfg.trainer.global_batch_tokens,
             max_batch_tokens=cfg.trainer.batch_tokens,
             world_size=self.ranks.world_size,
+            padded=cfg.trainer.global_batch_padded,
         )
         self.progress = Progress()
         self.position_fraction: float | None = None  # set by a resume with another layout
