@@ -52,13 +52,21 @@ def namespace_command() -> list[str] | None:
     return None
 
 
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path):
+@pytest.fixture
+def small_disk(tmp_path) -> tuple[list[str], Path, Path]:
+    """(the command that runs a script in a mount namespace, where the script mounts its tmpfs,
+    where the script writes what the test reads)."""
     command = namespace_command()
     if command is None:
         pytest.skip("needs a mount namespace for a small tmpfs (unshare -m as root, or -Urm)")
     mount, out = tmp_path / "mnt", tmp_path / "out"
     mount.mkdir()
     out.mkdir()
+    return command, mount, out
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_run_resumes(tmp_path, small_disk):
+    command, mount, out = small_disk
     overrides = [
         *TINY_TRAIN,
         f"run_dir={mount / 'run'}",
@@ -115,13 +123,8 @@ ls -a "$MNT/prepared" > "$OUT/listing" 2>&1
 
 
 @pytest.mark.parametrize("size", ["60k", "400k"])  # full while encoding; while writing the store
-def test_a_full_disk_while_preparing_is_one_line_and_leaves_no_folder(tmp_path, size):
-    command = namespace_command()
-    if command is None:
-        pytest.skip("needs a mount namespace for a small tmpfs (unshare -m as root, or -Urm)")
-    mount, out = tmp_path / "mnt", tmp_path / "out"
-    mount.mkdir()
-    out.mkdir()
+def test_a_full_disk_while_preparing_is_one_line_and_leaves_no_folder(tmp_path, small_disk, size):
+    command, mount, out = small_disk
     overrides = [
         *TINY_TRAIN,
         f"run_dir={tmp_path / 'run'}",
