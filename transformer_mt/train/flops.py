@@ -28,17 +28,26 @@ def step_flops(
 
 
 # Dense bf16 peak of common accelerators (FLOP/s, without sparsity), for MFU. Matched against
-# torch.cuda.get_device_name(); unknown devices report no MFU rather than a guessed one.
-PEAK_BF16_FLOPS = {
-    "H200": 989e12,
+# torch.cuda.get_device_name() in this order, so that a specific name comes before one it contains
+# ("H100 NVL" before "H100", "GH200" before "H200"); unknown devices report no MFU rather than a
+# guessed one, and None marks a name that would otherwise match a wrong entry.
+PEAK_BF16_FLOPS: dict[str, float | None] = {
+    "H100 NVL": 835e12,
+    "H200 NVL": 835e12,
+    "GH200": 989e12,
+    "H200": 989e12,  # SXM
     "H100 PCIe": 756e12,
     "H100": 989e12,  # SXM
+    "H800": 989e12,
+    "GB200": None,  # not B200's figure; unmeasured here
+    "B200": 2250e12,
     "A100": 312e12,
+    "L40S": 362e12,
 }
 
 
 def peak_flops(device_name: str) -> float | None:
-    """The dense bf16 peak of a device whose name contains one of PEAK_BF16_FLOPS' keys."""
+    """The dense bf16 peak of the first PEAK_BF16_FLOPS key that `device_name` contains."""
     for key, flops in PEAK_BF16_FLOPS.items():
         if key in device_name:
             return flops
