@@ -93,7 +93,7 @@ class CheckpointFolder:
     def step_file(self, step: int) -> Path:
         return self.path / f"step_{step}.pt"
 
-    def has_checkpoints(self) -> list[Path]:
+    def checkpoint_files(self) -> list[Path]:
         """Every checkpoint file in the folder (for trainer.resume=never's refusal)."""
         return sorted(self.path.glob("*.pt")) if self.path.is_dir() else []
 

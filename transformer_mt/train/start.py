@@ -20,7 +20,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.checkpoint import CheckpointRecord, load_checkpoint
+from transformer_mt.checkpoint import CheckpointRecord, Mismatch, load_checkpoint
 from transformer_mt.config import ResumeMode, TrainJob, config_dict, plain_value
 from transformer_mt.data.tokenizer import load_tokenizers
 from transformer_mt.errors import CheckpointError, ConfigError
@@ -232,7 +232,7 @@ def resumable_checkpoint(cfg: TrainJob, run: RunDir) -> tuple[dict, Path] | None
         return state, path
     folder = run.checkpoints
     if cfg.trainer.resume == ResumeMode.never:
-        existing = folder.has_checkpoints()
+        existing = folder.checkpoint_files()
         if existing:
             raise ConfigError(
                 f"trainer.resume=never, but {folder} holds {len(existing)} checkpoint file(s): "
@@ -259,7 +259,7 @@ def check_resumable(saved: CheckpointRecord, path: Path, cfg: TrainJob, data_fol
     raise CheckpointError(shape_refusal(mismatch, path))
 
 
-def shape_refusal(mismatch, path: Path) -> str:
+def shape_refusal(mismatch: Mismatch, path: Path) -> str:
     """The refusal of a checkpoint whose model or vocabulary differs from this run's."""
     name = (
         f"model.{mismatch.setting}"
