@@ -5,19 +5,46 @@ starts one process per device; a plain `tmt-train` is one rank of a world of one
 averaged by DistributedDataParallel over the main group (NCCL on GPUs, gloo on CPUs). Decisions the
 ranks must share (token counts, a signal, a time-based checkpoint) go over a second, gloo group on
 CPU tensors, so agreeing on them never waits for the GPU.
+
+Gloo (the control group, and on CPUs the main group too) binds the address that this machine's
+host name resolves to. Debian and Ubuntu map the host name to 127.0.1.1 in /etc/hosts (so do some
+container setups), and every rank then tells the others to connect to a loopback address of its
+own machine: across machines `Gloo connectFullMesh failed ... Connection refused`. NCCL picks its
+interface by itself and is not affected. So where GLOO_SOCKET_IFNAME is unset, `start_ranks` sets
+it to the interface holding the address this machine uses to reach MASTER_ADDR (the kernel's
+routing table, asked by connecting a UDP socket, which sends nothing): the network the ranks
+already reach each other's store through, `lo` on a single machine. If MASTER_ADDR is this machine
+through loopback in a job of several machines (torchrun's c10d rendezvous passes node 0's host
+name), the default route's interface is taken instead. A user's GLOO_SOCKET_IFNAME is never
+changed. Carrying the agreements on torchrun's TCP store instead was not chosen: on CPUs the
+gradients go over gloo too, which the store cannot replace, and a store round trip per rank and
+agreement would be slower than one all-reduce.
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
+import ipaddress
+import logging
 import os
+import socket
+import struct
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 from transformer_mt.device import resolve_device
 from transformer_mt.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+GLOO_SOCKET_IFNAME = "GLOO_SOCKET_IFNAME"
+OUTSIDE_ADDRESS = "8.8.8.8"  # any address beyond this machine's networks: its route is the default
+SIOCGIFADDR = 0x8915  # <linux/sockios.h>: an interface's (first) IPv4 address
 
 
 @dataclass
@@ -100,12 +127,93 @@ def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks,
         device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
+    use_gloo_interface(os.environ, log_it=local_rank == 0)
     timeout = datetime.timedelta(minutes=timeout_minutes)
     dist.init_process_group(backend, timeout=timeout)
     control = (
         dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     )
     return Ranks(rank, world_size, local_rank, control), device
+
+
+def use_gloo_interface(environ: MutableMapping[str, str], *, log_it: bool) -> None:
+    """Set GLOO_SOCKET_IFNAME in `environ` to `choose_gloo_interface`'s choice, if it makes one.
+    `log_it`: say which and why where it matters (several machines), else only at debug level."""
+    if environ.get(GLOO_SOCKET_IFNAME):
+        return
+    loud = log_it and several_machines(environ)
+    choice = choose_gloo_interface(environ)
+    if choice is None:
+        log.log(
+            logging.WARNING if loud else logging.DEBUG,
+            "found no network interface towards MASTER_ADDR=%s: gloo binds the address of the "
+            "host name; set GLOO_SOCKET_IFNAME if the ranks cannot connect",
+            environ.get("MASTER_ADDR"),
+        )
+        return
+    interface, why = choice
+    environ[GLOO_SOCKET_IFNAME] = interface
+    log.log(
+        logging.INFO if loud else logging.DEBUG,
+        "gloo: %s=%s, which %s (set it to choose another)",
+        GLOO_SOCKET_IFNAME,
+        interface,
+        why,
+    )
+
+
+def several_machines(environ: Mapping[str, str]) -> bool:
+    """Whether the job spans machines, as torchrun tells its ranks (False where not told)."""
+    local = environ.get("LOCAL_WORLD_SIZE")
+    return local is not None and int(local) < int(environ.get("WORLD_SIZE", "1"))
+
+
+def choose_gloo_interface(environ: Mapping[str, str]) -> tuple[str, str] | None:
+    """(interface, why) for gloo's sockets: the one holding this machine's address towards
+    MASTER_ADDR (see the module's docstring). None where the user chose (GLOO_SOCKET_IFNAME) or
+    no interface is found (no route, an address on no interface)."""
+    if environ.get(GLOO_SOCKET_IFNAME):
+        return None
+    master, port = environ.get("MASTER_ADDR", "127.0.0.1"), int(environ.get("MASTER_PORT", "29500"))
+    try:
+        address = local_address_towards(master, port)
+        why = f"holds {address}, the address this machine reaches MASTER_ADDR={master} from"
+        if ipaddress.ip_address(address).is_loopback and several_machines(environ):
+            address = local_address_towards(OUTSIDE_ADDRESS, port)
+            why = (
+                f"holds {address}, the default route's address (MASTER_ADDR={master} is this "
+                f"machine through loopback, which other machines cannot reach)"
+            )
+        interface = interface_holding(address)
+    except (OSError, ValueError):  # no route, a name that does not resolve, no /proc
+        return None
+    return None if interface is None else (interface, why)
+
+
+def local_address_towards(host: str, port: int) -> str:
+    """The source address the routing table gives packets to `host` (a UDP connect sends none)."""
+    family, kind, _, _, target = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, kind) as probe:
+        probe.connect(target)
+        return probe.getsockname()[0]
+
+
+def interface_holding(address: str) -> str | None:
+    """The name of the network interface that has `address`; None where none has it."""
+    parsed = ipaddress.ip_address(address.split("%")[0])
+    if parsed.version == 6:  # /proc/net/if_inet6: address (32 hex digits) index ... name
+        lines = Path("/proc/net/if_inet6").read_text().splitlines()
+        return next((f[-1] for f in map(str.split, lines) if f[0] == parsed.packed.hex()), None)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
+            except OSError:  # no IPv4 address
+                continue
+            if reply[20:24] == parsed.packed:  # struct ifreq: name[16], sockaddr_in (addr at 4)
+                return name
+    return None
 
 
 def stop_ranks(ranks: Ranks) -> None:
