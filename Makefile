@@ -59,7 +59,7 @@ else
 	$(BIN)/torchrun --standalone --nproc_per_node=$(NPROC) --no-python $(BIN)/tmt-train $(ARGS)
 endif
 
-average: $(STAMP) ## average the newest N (default 5) checkpoints of RUN into averaged.pt
+average: $(STAMP) ## average the newest N (default 5; N=auto: chosen by valid BLEU) checkpoints of RUN into averaged.pt
 	$(BIN)/tmt-average run_dir=$(RUN) last=$(N) $(ARGS)
 
 eval: $(STAMP) ## translate the test split of RUN with beam search and score it with sacreBLEU

@@ -110,3 +110,50 @@ def test_newest_step_checkpoints_orders_by_step_number(tmp_path):
     assert [p.name for p in newest] == ["step_9.pt", "step_10.pt"]  # by name: step_2, step_9
     with pytest.raises(CheckpointError, match="4 step checkpoints requested, but there are only 3"):
         newest_step_checkpoints(tmp_path, 4)
+
+
+def test_auto_candidates_include_the_newest_alone_and_all_that_are_kept():
+    from transformer_mt.commands.valid_choice import average_grid
+
+    assert average_grid(1) == [1]
+    assert average_grid(4) == [1, 2, 3, 4]
+    assert average_grid(5) == [1, 2, 3, 5]
+    assert average_grid(30) == [1, 2, 3, 5, 8, 13, 20, 30]
+
+
+def test_choice_on_valid_keeps_the_best_score_and_the_first_of_equals(monkeypatch):
+    from transformer_mt.commands import valid_choice
+
+    bleu = {"1": 20.0, "2": 31.5, "3": 31.5, "5": 12.0}  # 2 and 3 tie: the first (fewer) wins
+    monkeypatch.setattr(
+        valid_choice, "valid_bleu", lambda hypotheses, references: bleu[hypotheses[0]]
+    )
+    choice = valid_choice.choose_on_valid("last", [1, 2, 3, 5], lambda n: [str(n)], ["a ref"])
+    assert choice.chosen == 2
+    assert choice.to_json() == {
+        "grid": [1, 2, 3, 5],
+        "valid_bleu": bleu,
+        "chosen": 2,
+        "valid_sentences": 1,
+    }
+
+
+@pytest.mark.parametrize("last", ["0", "-3", "five", "2.5", "true", "null"])
+def test_a_bad_last_is_a_one_line_config_error_naming_the_key(last):
+    from transformer_mt.commands.average import average
+    from transformer_mt.config import compose_job
+    from transformer_mt.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="config key 'last'") as refused:
+        average(compose_job("average", ["run_dir=/nonexistent/run", f"last={last}"]))
+    assert "\n" not in str(refused.value)
+
+
+def test_last_auto_refuses_auto_in_its_own_decode_settings(tmp_path):
+    from transformer_mt.commands.average import average
+    from transformer_mt.config import compose_job
+    from transformer_mt.errors import ConfigError
+
+    job = compose_job("average", [f"run_dir={tmp_path}", "last=auto", "decode.length_penalty=auto"])
+    with pytest.raises(ConfigError, match="config key 'decode.length_penalty'"):
+        average(job)

@@ -13,7 +13,7 @@ import importlib.resources
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
@@ -57,6 +57,11 @@ class ResumeMode(str, Enum):
     auto = "auto"
     never = "never"
     force = "force"
+
+
+AUTO = "auto"
+"""The value of decode.length_penalty (tmt-eval) and last (tmt-average) that asks for the
+setting to be chosen on the run's valid split (commands/valid_choice.py)."""
 
 
 class ExportFormat(str, Enum):
@@ -278,8 +283,10 @@ class DecodeConfig:
     nbest: int = 1
     """Translations per sentence returned by Translator.translate_nbest, best first (beam: at
     most beam_size; greedy and sample give one)."""
-    length_penalty: float = 0.6
-    """GNMT alpha: scores are divided by ((5 + length) / 6) ** alpha."""
+    # Any, not `float | str`: OmegaConf 2.3 has no unions; validate_decode names the key.
+    length_penalty: Any = 0.6
+    """GNMT alpha: scores are divided by ((5 + length) / 6) ** alpha. tmt-eval also takes auto:
+    alpha chosen by valid BLEU from commands/valid_choice.py's LENGTH_PENALTY_GRID."""
     stop_early: bool = False
     """Beam search: end a sentence as soon as beam_size hypotheses have finished (fairseq's and
     CTranslate2's rule: 25-31% less decoding time on Multi30k, benchmarks/decode.txt; but a
@@ -304,6 +311,11 @@ class DecodeConfig:
     """sample: seed of the translator's own random generator (the global RNG is not used)."""
     batch_tokens: int = 4000
     """Source tokens per decoding batch."""
+
+    def __post_init__(self) -> None:
+        # A number is a float however it was written (`decode.length_penalty=1` composes to 1).
+        if isinstance(self.length_penalty, int) and not isinstance(self.length_penalty, bool):
+            self.length_penalty = float(self.length_penalty)
 
 
 @dataclass(kw_only=True)
@@ -368,10 +380,20 @@ class AverageJob:
 
     run_dir: str
     """Run folder written by `tmt-train`."""
-    last: int = 5
-    """How many of the newest step checkpoints to average (the paper: 5 for base, 20 for big)."""
+    # Any, not `int | str`: OmegaConf 2.3 has no unions; commands/average.py names the key.
+    last: Any = 5
+    """How many of the newest step checkpoints to average (the paper: 5 for base, 20 for big),
+    or auto: the number (1, the newest alone, included) with the best valid BLEU, from
+    commands/valid_choice.py's AVERAGE_GRID and all that are kept."""
     output: str = "averaged.pt"
     """File name inside run_dir/checkpoints, or a path; `make eval ARGS=checkpoint=averaged.pt`."""
+    valid_sentences: int = 1000
+    """last=auto: each candidate translates the first this many sentences of the run's valid
+    split (all of it when shorter)."""
+    device: str = "auto"
+    """last=auto: where the candidates translate (auto, cpu, cuda)."""
+    decode: DecodeConfig
+    """last=auto: the search that translates the valid sentences (a numeric length_penalty)."""
 
 
 @dataclass(kw_only=True)
@@ -530,6 +552,17 @@ def validate_model(cfg: ModelConfig, key: str = "model") -> None:
 
 
 def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
+    alpha = cfg.length_penalty
+    _require(
+        alpha != AUTO,
+        f"{key}.length_penalty",
+        "auto (alpha chosen on the valid split) is for tmt-eval only; give a number here",
+    )
+    _require(
+        isinstance(alpha, float),
+        f"{key}.length_penalty",
+        f"must be a number (or auto, for tmt-eval), got {alpha!r}",
+    )
     _require(cfg.beam_size >= 1, f"{key}.beam_size", f"must be >= 1, got {cfg.beam_size}")
     _require(
         cfg.batch_tokens > 0, f"{key}.batch_tokens", f"must be positive, got {cfg.batch_tokens}"

@@ -1,18 +1,31 @@
 """tmt-average: the mean of a run's newest checkpoints, as the paper averages its last 5 (base)
-or 20 (big), written as a checkpoint that eval and translate load like any other."""
+or 20 (big), written as a checkpoint that eval and translate load like any other. With last=auto,
+how many is chosen by valid BLEU (commands/valid_choice.py), the newest checkpoint alone among
+the candidates, and the choice is recorded in the checkpoint written (`average_auto`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from transformer_mt.checkpoint import average_checkpoints, is_training_checkpoint, save_checkpoint
-from transformer_mt.config import AverageJob
+from transformer_mt.checkpoint import (
+    average_checkpoints,
+    is_training_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+    step_checkpoints,
+)
+from transformer_mt.commands.valid_choice import average_grid, choose_on_valid, valid_prefix
+from transformer_mt.config import AUTO, AverageJob, config_dict, validate_decode
+from transformer_mt.decode.translator import Translator
+from transformer_mt.device import resolve_device
 from transformer_mt.errors import ConfigError
 from transformer_mt.run_dir import RunDir
 
 
 def average(job: AverageJob) -> tuple[list[Path], Path]:
-    """Average the newest job.last step checkpoints; return them and the file written."""
+    """Average the newest job.last step checkpoints (last=auto: the best number on valid);
+    return them and the file written."""
+    check_last(job.last)
     run = RunDir(job.run_dir)
     output = run.checkpoint(job.output)
     if output.parent.resolve() == run.checkpoints.path.resolve() and is_training_checkpoint(
@@ -22,6 +35,42 @@ def average(job: AverageJob) -> tuple[list[Path], Path]:
             f"config key 'output': {job.output} is the name of a training checkpoint, which an "
             "average (no optimizer state) must not replace; name another file, e.g. averaged.pt"
         )
-    paths = run.checkpoints.newest_steps(job.last)
-    save_checkpoint(average_checkpoints(paths), output)
+    if job.last == AUTO:
+        paths, state = best_average_on_valid(job, run)
+    else:
+        paths = run.checkpoints.newest_steps(job.last)
+        state = average_checkpoints(paths)
+    save_checkpoint(state, output)
     return paths, output
+
+
+def check_last(last) -> None:
+    if last != AUTO and (isinstance(last, bool) or not isinstance(last, int) or last < 1):
+        raise ConfigError(
+            f"config key 'last': must be a positive number of checkpoints or auto, got {last!r}"
+        )
+
+
+def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dict]:
+    """last=auto: of the averages of the newest N step checkpoints, N from average_grid, the
+    one whose translation of the valid split's first sentences has the best BLEU, with the
+    choice recorded in it."""
+    validate_decode(job.decode)
+    folder = run.checkpoints
+    newest = folder.newest_steps(max(1, len(step_checkpoints(folder.path))))  # all that are kept
+    sources, references = valid_prefix(run.data_config(), job.valid_sentences, "valid_sentences")
+    tokenizers, device = run.tokenizers(), resolve_device(job.device)
+    unicode_form = run.data_config().unicode_form
+
+    def translate(n: int) -> list[str]:
+        model = model_from_checkpoint(average_checkpoints(newest[-n:]), newest[-1], tokenizers)
+        translator = Translator.for_model(
+            model, tokenizers, job.decode, device, unicode_form=unicode_form
+        )
+        return translator.translate(sources)
+
+    choice = choose_on_valid("last", average_grid(len(newest)), translate, references)
+    chosen = newest[-choice.chosen :]
+    state = average_checkpoints(chosen)  # again: one candidate in memory at a time
+    state["average_auto"] = {**choice.to_json(), "decode": config_dict(job.decode)}
+    return chosen, state

@@ -1,5 +1,6 @@
 """tmt-eval: translate a split of the run's corpus and score it (sacreBLEU's BLEU and chrF, and a
-tokenized BLEU of the paper's recipe, reported apart)."""
+tokenized BLEU of the paper's recipe, reported apart). With decode.length_penalty=auto, alpha is
+chosen first by BLEU on the valid split (commands/valid_choice.py) and recorded with the scores."""
 
 from __future__ import annotations
 
@@ -7,9 +8,24 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
-from transformer_mt.config import EvalJob, config_dict, validate_decode
+from transformer_mt.commands.valid_choice import (
+    LENGTH_PENALTY_GRID,
+    ValidChoice,
+    choose_on_valid,
+    valid_prefix,
+)
+from transformer_mt.config import (
+    AUTO,
+    DecodeConfig,
+    EvalJob,
+    Strategy,
+    config_dict,
+    validate_decode,
+)
 from transformer_mt.data.sources import corpus_identity, read_pairs
 from transformer_mt.decode.loading import load_translator
+from transformer_mt.decode.translator import Translator
+from transformer_mt.errors import ConfigError
 from transformer_mt.metrics import (
     SacreBleuScores,
     TokenizedBleu,
@@ -29,18 +45,31 @@ class EvalReport:
     decode_seconds: float
     sacrebleu: SacreBleuScores
     tokenized: TokenizedBleu
+    length_penalty_auto: ValidChoice | None = (
+        None  # decode.length_penalty=auto: how alpha was chosen
+    )
 
     def to_json(self) -> dict:
         """The flat record written as scores.SPLIT.json."""
         record = {**dataclasses.asdict(self.sacrebleu), **dataclasses.asdict(self.tokenized)}
         fields = ("split", "sentences", "checkpoint", "data", "decode", "decode_seconds")
         record.update({name: getattr(self, name) for name in fields})
+        if self.length_penalty_auto is not None:
+            record["length_penalty_auto"] = self.length_penalty_auto.to_json()
         return record
 
     def format(self) -> str:
         bleu, tokenized = self.sacrebleu, self.tokenized
+        lines = []
+        if (chosen := self.length_penalty_auto) is not None:
+            lines.append(
+                f"length penalty {chosen.chosen} (auto: the best valid BLEU, "
+                f"{chosen.valid_bleu[str(chosen.chosen)]:.2f}, of the {len(chosen.grid)} tried "
+                f"on {chosen.valid_sentences} valid sentences)"
+            )
         return "\n".join(
-            [
+            lines
+            + [
                 f"{self.split}: BLEU {bleu.bleu:.2f}  chrF {bleu.chrf:.2f}  ({self.sentences} "
                 f"sentences, decoded in {self.decode_seconds:.1f} s)",
                 f"  {bleu.bleu_detail}",
@@ -57,24 +86,53 @@ class EvalReport:
 
 def evaluate(job: EvalJob) -> EvalReport:
     """Translate the split; write hypotheses and scores into the run folder; return the report."""
-    validate_decode(job.decode)
+    auto = job.decode.length_penalty == AUTO
+    if auto and job.decode.strategy != Strategy.beam:
+        raise ConfigError(
+            "config key 'decode.length_penalty': auto chooses beam search's alpha, which "
+            f"decode.strategy={job.decode.strategy.value} does not use; give a number"
+        )
+    # auto: the translator's own alpha is never used; each call below names the one it tries.
+    decode = dataclasses.replace(job.decode, length_penalty=0.0) if auto else job.decode
+    validate_decode(decode)
     run = RunDir(job.run_dir)
     data_cfg = run.data_config()
-    translator = load_translator(run.path, job.checkpoint, decode=job.decode, device=job.device)
+    translator = load_translator(run.path, job.checkpoint, decode=decode, device=job.device)
+    choice = None
+    if auto:
+        choice = choose_length_penalty(
+            translator, decode, *valid_prefix(data_cfg, job.valid_sentences, "valid_sentences")
+        )
+        decode = dataclasses.replace(decode, length_penalty=choice.chosen)
     pairs = list(read_pairs(data_cfg, job.split))
     sources, references = [src for src, _ in pairs], [tgt for _, tgt in pairs]
     started = time.perf_counter()
-    hypotheses = translator.translate(sources)
+    hypotheses = translator.translate(sources, decode=decode)
     seconds = time.perf_counter() - started
     report = EvalReport(
         split=job.split,
         sentences=len(sources),
         checkpoint=translator.origin,
         data=corpus_identity(data_cfg),
-        decode=config_dict(job.decode),
+        decode=config_dict(decode),
         decode_seconds=round(seconds, 2),
         sacrebleu=sacrebleu_scores(hypotheses, references),
         tokenized=tokenized_bleu_scores(hypotheses, references, lang=data_cfg.tgt_lang),
+        length_penalty_auto=choice,
     )
     run.write_evaluation(job.split, hypotheses, report.to_json())
     return report
+
+
+def choose_length_penalty(
+    translator: Translator, decode: DecodeConfig, sources: list[str], references: list[str]
+) -> ValidChoice:
+    """decode.length_penalty=auto: the alpha of LENGTH_PENALTY_GRID whose translations of the
+    valid `sources` have the best BLEU, with `decode`'s other settings."""
+
+    def translate(alpha: float) -> list[str]:
+        return translator.translate(
+            sources, decode=dataclasses.replace(decode, length_penalty=alpha)
+        )
+
+    return choose_on_valid("decode.length_penalty", LENGTH_PENALTY_GRID, translate, references)

@@ -1,0 +1,98 @@
+"""Settings chosen on the valid split instead of by hand: tmt-eval's decode.length_penalty=auto
+and tmt-average's last=auto translate the first sentences of the run's valid split once per
+candidate and keep the candidate with the best sacreBLEU BLEU (the first of equal ones: the
+smaller alpha, the fewer checkpoints)."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from transformer_mt.config import DataConfig
+from transformer_mt.data.sources import read_pairs
+from transformer_mt.errors import ConfigError
+from transformer_mt.metrics import sacrebleu_scores
+
+log = logging.getLogger(__name__)
+
+LENGTH_PENALTY_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
+"""decode.length_penalty=auto: the GNMT alphas tried (0.6 is the paper's)."""
+AVERAGE_GRID = (1, 2, 3, 5, 8, 13, 20)
+"""last=auto: the numbers of newest step checkpoints tried (up to all that are kept, which are
+tried too); 1 is the newest checkpoint alone."""
+
+
+@dataclass(frozen=True)
+class ValidChoice:
+    """What a choice on the valid split tried, how each candidate scored, and what won."""
+
+    grid: list
+    valid_bleu: dict[str, float]  # sacreBLEU BLEU of each candidate, keyed by str(candidate)
+    chosen: float | int
+    valid_sentences: int
+
+    def to_json(self) -> dict:
+        return {
+            "grid": list(self.grid),
+            "valid_bleu": dict(self.valid_bleu),
+            "chosen": self.chosen,
+            "valid_sentences": self.valid_sentences,
+        }
+
+
+def valid_prefix(data: DataConfig, count: int, key: str) -> tuple[list[str], list[str]]:
+    """Sources and references of the first `count` pairs of the valid split (as tmt-eval
+    split=valid reads it); `key` is the config key that set `count`."""
+    if count < 1:
+        raise ConfigError(f"config key '{key}': must be >= 1, got {count}")
+    pairs = list(itertools.islice(read_pairs(data, "valid"), count))
+    if not pairs:
+        raise ConfigError(f"config key '{key}': the run's valid split has no sentences to score")
+    return [src for src, _ in pairs], [tgt for _, tgt in pairs]
+
+
+def valid_bleu(hypotheses: list[str], references: list[str]) -> float:
+    """The score a choice maximises: sacreBLEU's BLEU (13a tokenization, the reported one)."""
+    return sacrebleu_scores(hypotheses, references).bleu
+
+
+def choose_on_valid(
+    setting: str,
+    grid: Sequence,
+    translate: Callable[[object], list[str]],
+    references: list[str],
+) -> ValidChoice:
+    """The candidate of `grid` whose translations of the valid sources (`translate(candidate)`)
+    score best against `references`; one log line per candidate as it is scored."""
+    log.info(
+        "%s=auto: trying %s on the first %d valid sentences (sacreBLEU BLEU)",
+        setting,
+        ", ".join(map(str, grid)),
+        len(references),
+    )
+    scores: dict[str, float] = {}
+    for done, candidate in enumerate(grid, start=1):
+        scores[str(candidate)] = valid_bleu(translate(candidate), references)
+        log.info(
+            "%s=%s: valid BLEU %.2f (%d of %d)",
+            setting,
+            candidate,
+            scores[str(candidate)],
+            done,
+            len(grid),
+        )
+    chosen = max(grid, key=lambda candidate: scores[str(candidate)])  # the first of equals
+    log.info("%s=auto: chose %s (valid BLEU %.2f)", setting, chosen, scores[str(chosen)])
+    return ValidChoice(
+        grid=list(grid),
+        valid_bleu=scores,
+        chosen=chosen,
+        valid_sentences=len(references),
+    )
+
+
+def average_grid(kept: int) -> list[int]:
+    """The numbers of checkpoints last=auto tries when `kept` step checkpoints are kept."""
+    return sorted({n for n in AVERAGE_GRID if n <= kept} | {kept})
