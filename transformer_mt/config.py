@@ -337,13 +337,19 @@ class EvalJob:
 
     run_dir: str
     """Run folder written by `tmt-train`."""
-    checkpoint: str = "last.pt"
+    # Any, not `str | list[str]`: OmegaConf 2.3 has no unions; decode/loading.py names the key.
+    checkpoint: Any = "last.pt"
     """Checkpoint file name inside run_dir/checkpoints, or a path; or a folder written by
-    tmt-export (e.g. ctranslate2), to translate with CTranslate2."""
+    tmt-export (e.g. ctranslate2), to translate with CTranslate2.
+    Several, as a list (checkpoint=[a.pt,b.pt]; of this run or of other runs with the same
+    tokenizer files): their ensemble translates (the mean of their probabilities)."""
     split: str = "test"
     """test, valid, or train: which split of the run's data to translate."""
     device: str = "auto"
     """auto, cpu, cuda."""
+    valid_sentences: int = 1000
+    """decode.length_penalty=auto: alpha is chosen on the first this many sentences of the
+    run's valid split (all of it when shorter)."""
     decode: DecodeConfig
 
 
@@ -353,9 +359,12 @@ class TranslateJob:
 
     run_dir: str
     """Run folder written by `tmt-train`."""
-    checkpoint: str = "last.pt"
+    # Any, not `str | list[str]`: OmegaConf 2.3 has no unions; decode/loading.py names the key.
+    checkpoint: Any = "last.pt"
     """Checkpoint file name inside run_dir/checkpoints, or a path; or a folder written by
-    tmt-export (e.g. ctranslate2), to translate with CTranslate2."""
+    tmt-export (e.g. ctranslate2), to translate with CTranslate2.
+    Several, as a list (checkpoint=[a.pt,b.pt]; of this run or of other runs with the same
+    tokenizer files): their ensemble translates (the mean of their probabilities)."""
     device: str = "auto"
     """auto, cpu, cuda."""
     input: str | None = None
@@ -428,8 +437,11 @@ class ServeJob:
 
     run_dir: str
     """Run folder written by `tmt-train`."""
-    checkpoint: str = "last.pt"
-    """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    # Any, not `str | list[str]`: OmegaConf 2.3 has no unions; decode/loading.py names the key.
+    checkpoint: Any = "last.pt"
+    """Checkpoint file name inside run_dir/checkpoints, or a path.
+    Several, as a list (checkpoint=[a.pt,b.pt]; of this run or of other runs with the same
+    tokenizer files): their ensemble translates (the mean of their probabilities)."""
     device: str = "auto"
     """auto, cpu, cuda."""
     host: str = "127.0.0.1"

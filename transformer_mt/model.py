@@ -60,16 +60,29 @@ class DecoderCache:
         self.cross_v = [v.index_select(0, index) for v in self.cross_v]
 
 
-def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
-    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...): (max_positions, D)."""
-    position = torch.arange(max_positions, dtype=torch.float32).unsqueeze(1)
+def sinusoidal_table(length: int, d_model: int, start: int = 0) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/D)), PE(pos, 2i+1) = cos(...) for the positions
+    start, ..., start + length - 1: (length, D)."""
+    position = torch.arange(start, start + length, dtype=torch.float32).unsqueeze(1)
     inv_freq = torch.exp(
         torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
     )
-    table = torch.zeros(max_positions, d_model)
+    table = torch.zeros(length, d_model)
     table[:, 0::2] = torch.sin(position * inv_freq)
     table[:, 1::2] = torch.cos(position * inv_freq)
     return table
+
+
+def grown_table(table: Tensor, length: int, block: int) -> Tensor:
+    """`table` (sinusoidal_table(block, D), then blocks after it) with whole blocks of `block`
+    positions appended until it holds `length`. Each block is computed as the first one was (on
+    the CPU, the same shape), so a position's values never depend on how far the table has grown:
+    a vectorised sin and its scalar tail may round differently. Rows already there are kept."""
+    blocks = [
+        sinusoidal_table(block, table.shape[1], start=start).to(table.device, table.dtype)
+        for start in range(table.shape[0], length, block)
+    ]
+    return torch.cat([table, *blocks])  # (multiple of block >= length, D)
 
 
 def split_heads(x: Tensor, n_heads: int) -> Tensor:
@@ -265,6 +278,8 @@ class Transformer(nn.Module):
             if src_vocab_size
             else None
         )
+        # Positions for cfg.max_positions; embed_tokens grows the table for longer sequences
+        # (not persistent: a checkpoint holds no table, whatever length it was used for).
         self.register_buffer(
             "positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False
         )
@@ -286,12 +301,11 @@ class Transformer(nn.Module):
                     table.weight[self.pad_id].zero_()
 
     def embed_tokens(self, tokens: Tensor, table: nn.Embedding, start: int = 0) -> Tensor:
+        """Scaled embeddings plus the sinusoids of positions start, ...: any length (the table
+        grows, by blocks of cfg.max_positions, to the longest sequence seen)."""
         length = tokens.shape[1]
         if start + length > self.positions.shape[0]:
-            raise ValueError(
-                f"sequence of {start + length} positions exceeds "
-                f"model.max_positions={self.positions.shape[0]}"
-            )
+            self.positions = grown_table(self.positions, start + length, self.cfg.max_positions)
         x = table(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + length]
         return self.embed_dropout(x)  # (B, L, D)
 

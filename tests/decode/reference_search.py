@@ -21,7 +21,7 @@ def reference_beam_search(model: Transformer, source: list[int], cfg: DecodeConf
     limit (where only EOS may follow); PAD, UNK and BOS banned."""
     k, alpha = cfg.beam_size, cfg.length_penalty
     encoded = model.encode(torch.tensor([[*source, EOS_ID]]))
-    limit = min(int(cfg.max_len_a * len(source) + cfg.max_len_b), model.positions.shape[0] - 1)
+    limit = int(cfg.max_len_a * len(source) + cfg.max_len_b)
     beams: list[tuple[float, list[int]]] = [(0.0, [BOS_ID])]
     finished: list[tuple[float, list[int]]] = []
     for step in range(limit):

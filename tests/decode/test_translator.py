@@ -12,7 +12,7 @@ from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.translator import Translation, Translator
 from transformer_mt.errors import ConfigError
 
-VOCAB, POSITIONS = 400, 24  # inputs longer than 23 pieces (+ EOS) do not fit
+VOCAB, POSITIONS = 400, 24  # the position table: 23 pieces + EOS (it grows past them)
 
 
 @pytest.fixture(scope="module")
@@ -60,15 +60,26 @@ def test_empty_input_lines_give_empty_output_lines(make_translator):
     assert translator.translate_nbest([""]) == [[Translation("", 0.0)]]
 
 
-def test_too_long_input_is_truncated_with_a_warning(make_translator, caplog):
-    translator = make_translator()
-    long_sentence = " ".join(["the dog sees the cat."] * 10)
-    ids = translator.encode([long_sentence])[0]
-    assert len(ids) > POSITIONS
+@pytest.mark.parametrize(
+    "decode", [{"strategy": Strategy.greedy, "beam_size": 1}, {"beam_size": 2}]
+)
+def test_a_300_word_line_longer_than_the_table_translates_completely(
+    make_translator, caplog, decode
+):
+    translator = make_translator(**decode)
+    thirteen_words = "the dog sees a small cat near the old house by the river"
+    line = " ".join([thirteen_words] * 23) + " today."  # 300 words
+    (ids,) = translator.encode([line])
+    assert len(ids) >= 300 > POSITIONS
     with caplog.at_level(logging.WARNING, logger="transformer_mt.decode.translator"):
         (output,) = translator.translate_ids([ids])
-    assert "1 input(s) longer than 23 pieces truncated" in caplog.text
-    assert output == translator.translate_ids([ids[:23]])[0]
+    assert "truncated" not in caplog.text
+    # The search read the whole source (the output is not the one of its first 23 pieces) and
+    # wrote past the old table, up to the source's own limit (a * length + b, EOS included).
+    assert output != translator.translate_ids([ids[: POSITIONS - 1]])[0]
+    assert POSITIONS < len(output) < len(ids) + 3
+    (text,) = translator.translate([line])
+    assert text == translator.tokenizers.tgt.decode([output])[0]
 
 
 def test_nbest_lists_are_ordered_by_score_and_start_with_the_translation(make_translator):

@@ -1,6 +1,8 @@
 """Loading what translates, from the run folder alone: a checkpoint (our model, the run's
 tokenizers and its data.unicode_form) or a folder that tmt-export wrote (run by CTranslate2).
 tmt-translate, tmt-eval and tmt-serve load their Translator here, tmt-export its checkpoint.
+Several checkpoints translate as an ensemble (decode/search.py's `Ensemble`), when every one
+comes with the same tokenizer files.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from transformer_mt.checkpoint.folder import LAST
 from transformer_mt.config import DataConfig, DecodeConfig
 from transformer_mt.data.tokenizer import Tokenizers, load_tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
+from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import resolve_device
 from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.files import file_sha256
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 
@@ -58,27 +62,67 @@ def load_run_checkpoint(run: RunDir, checkpoint: str) -> LoadedCheckpoint:
 
 def load_translator(
     run_dir: str | Path,
-    checkpoint: str = LAST,
+    checkpoint: str | list[str] = LAST,
     *,
     decode: DecodeConfig | None = None,
     device: str = "auto",
 ) -> Translator:
     """A Translator whose default decode settings are `decode` (None: DecodeConfig's). A
-    `checkpoint` that names a folder written by tmt-export is run by CTranslate2."""
+    `checkpoint` that names a folder written by tmt-export is run by CTranslate2. A list of
+    checkpoints translates as their Ensemble (one: that checkpoint alone); a checkpoint inside
+    another run's checkpoints/ must come with the same tokenizer files as run_dir's. origin:
+    the checkpoint's path and update (an ensemble: lists of them, in the order given)."""
     run = RunDir(run_dir)
     decode = decode or DecodeConfig()
-    if run.checkpoint(checkpoint).is_dir():
-        return translator_from_export(run.checkpoint(checkpoint), decode=decode, device=device)
-    loaded = load_run_checkpoint(run, checkpoint)
-    log.info("translating with %s (update %d)", loaded.path, loaded.step)
+    names = checkpoint_names(checkpoint)
+    if len(names) == 1 and run.checkpoint(names[0]).is_dir():
+        return translator_from_export(run.checkpoint(names[0]), decode=decode, device=device)
+    members = [load_member(run, name) for name in names]
+    for member in members:
+        log.info("translating with %s (update %d)", member.path, member.step)
+    paths, steps = [str(m.path.resolve()) for m in members], [m.step for m in members]
+    one = len(members) == 1
     return Translator.for_model(
-        loaded.model,
-        loaded.tokenizers,
+        Ensemble([m.model for m in members]),
+        members[0].tokenizers,
         decode,
         resolve_device(device),
-        unicode_form=loaded.data.unicode_form,
-        origin={"checkpoint": str(loaded.path.resolve()), "step": loaded.step},
+        unicode_form=members[0].data.unicode_form,
+        origin={"checkpoint": paths[0] if one else paths, "step": steps[0] if one else steps},
     )
+
+
+def checkpoint_names(checkpoint: str | list[str]) -> list[str]:
+    """The `checkpoint` setting as a list of names or paths (one or several)."""
+    names = [checkpoint] if isinstance(checkpoint, str) else list(checkpoint)
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise ConfigError(
+            f"config key 'checkpoint': {checkpoint!r} is not a checkpoint or a list of them "
+            "(checkpoint=last.pt, checkpoint=[a.pt,b.pt])"
+        )
+    return names
+
+
+def load_member(run: RunDir, name: str) -> LoadedCheckpoint:
+    """Checkpoint `name`, with run's tokenizers; refused (one line naming both files) if it lies
+    in another run folder whose tokenizer files differ from run's (an export cannot join an
+    ensemble)."""
+    path = run.checkpoint(name)
+    if path.is_dir():
+        raise ConfigError(
+            f"config key 'checkpoint': {path} is {EXPORTED}; an ensemble takes checkpoints only"
+        )
+    home = RunDir(path.parent.parent)
+    foreign = home.path.resolve() != run.path.resolve()
+    if foreign and path.parent.name == "checkpoints" and home.has_tokenizer():
+        ours, theirs = run.tokenizers().files, home.tokenizers().files
+        for mine, other in zip(ours, theirs, strict=False):  # the first pair names the files
+            if len(ours) != len(theirs) or file_sha256(mine) != file_sha256(other):
+                raise ConfigError(
+                    f"config key 'checkpoint': {path} comes with the tokenizer {other}, which "
+                    f"differs from {mine}: an ensemble needs one vocabulary"
+                )
+    return load_run_checkpoint(run, name)
 
 
 def translator_from_export(

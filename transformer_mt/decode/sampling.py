@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer_mt.decode.search import Hypothesis, single_path_search
+from transformer_mt.decode.search import Ensemble, Hypothesis, single_path_search
 from transformer_mt.model import Transformer
 
 
@@ -37,7 +37,7 @@ def sampling_logits(
 
 
 def sample_search(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     *,
     generator: torch.Generator,
@@ -51,7 +51,8 @@ def sample_search(
     max_len_b: int = 50,
     min_len: int = 0,
 ) -> list[Hypothesis]:
-    """One sampled translation per sentence, until EOS or the length limit."""
+    """One sampled translation per sentence, until EOS or the length limit; an Ensemble samples
+    from the mean of its members' probabilities."""
 
     def draw(log_probs: Tensor) -> Tensor:
         logits = sampling_logits(log_probs, temperature=temperature, top_k=top_k, top_p=top_p)

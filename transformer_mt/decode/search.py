@@ -20,11 +20,16 @@ by its score divided by the largest penalty it could still get (at the sentence'
 for alpha >= 0). Or at its length limit. fairseq's and CTranslate2's rule (done at beam_size
 finished hypotheses: `stop_early`) is faster but lets a confident model collect short endings
 before its best hypothesis finishes. With alpha = 0 a beam of one is exactly greedy.
+
+Every search runs an `Ensemble`: a single model is the ensemble of one. Members keep their own
+encoder output and KV cache (`Decoders`), pruned and reordered together; the next-token
+distribution is the mean of the members' probabilities (`combined_logits`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,17 +49,99 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(src_keep: Tensor, max_len_a: float, max_len_b: int, limit: int) -> Tensor:
-    """Output limit per sentence, EOS included: a * source length + b, at most `limit`."""
+def max_lengths(src_keep: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+    """Output limit per sentence, EOS included: a * source length + b (the model's positions
+    have no limit of their own)."""
     source_lengths = src_keep.sum(dim=1) - 1  # sources end with EOS, which is not counted
-    return (max_len_a * source_lengths + max_len_b).long().clamp(max=limit)  # (B,)
+    return (max_len_a * source_lengths + max_len_b).long()  # (B,)
+
+
+class Ensemble:
+    """Models that translate together, as fairseq's EnsembleModel does: at each step the
+    distribution of the next token is the mean of the members' probabilities (log-probabilities:
+    logsumexp over the members' log-softmaxes - log n). One model is the ensemble of one. The
+    members share the vocabulary (decode/loading.py checks the tokenizer files)."""
+
+    def __init__(self, models: Sequence[Transformer]):
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        for other in models[1:]:  # one member: any module with encode / decode (tests' scripts)
+            first, second = ((m.embed.num_embeddings, m.pad_id) for m in (models[0], other))
+            if first != second:
+                raise ValueError(
+                    f"ensemble members differ in (vocabulary size, pad id): {first}, {second}"
+                )
+        self.models = list(models)
+        self.pad_id = models[0].pad_id
+
+    def start(self, src: Tensor) -> Decoders:
+        """Every member's encoder output for src (B, S) and an empty KV cache."""
+        return Decoders(self.models, [m.encode(src) for m in self.models])
+
+
+def as_ensemble(model: Transformer | Ensemble) -> Ensemble:
+    return model if isinstance(model, Ensemble) else Ensemble([model])
+
+
+class Decoders:
+    """The members' encoder outputs and KV caches for the live rows of one search, kept aligned:
+    rows leave and beams are reordered in all of them at once."""
+
+    def __init__(self, models: list[Transformer], encoded: list[EncoderOutput]):
+        self.models, self.encoded = models, encoded
+        self.caches = [DecoderCache() for _ in models]
+
+    @property
+    def src_keep(self) -> Tensor:
+        return self.encoded[0].src_keep  # (N, S), the same for every member
+
+    def repeat_beams(self, k: int) -> None:
+        """Cross-attention keys and values computed once per sentence, then copied to its k
+        beams (rows b * k ... b * k + k - 1)."""
+        for i, (model, cache) in enumerate(zip(self.models, self.caches, strict=True)):
+            model.fill_cross_attention(self.encoded[i], cache)
+            cache.repeat_rows(k)
+            self.encoded[i] = expand_encoded(self.encoded[i], k)
+
+    def keep(self, rows: Tensor) -> None:
+        """Rows `rows` of everything: finished sentences leave (and survivors are reordered)."""
+        self.encoded = [
+            keep_rows(encoded, cache, rows)
+            for encoded, cache in zip(self.encoded, self.caches, strict=True)
+        ]
+
+    def reorder(self, rows: Tensor) -> None:
+        for cache in self.caches:
+            cache.reorder(rows)
+
+    def next_logits(self, last: Tensor) -> tuple[Tensor, Tensor]:
+        """combined_logits of the members' logits for the token after `last` (N, 1)."""
+        return combined_logits(
+            [
+                model.decode(last, encoded, cache)[:, -1].float()  # (N, V)
+                for model, encoded, cache in zip(
+                    self.models, self.encoded, self.caches, strict=True
+                )
+            ]
+        )
+
+
+def combined_logits(logits: list[Tensor]) -> tuple[Tensor, Tensor]:
+    """The members' next-token logits, each (N, V), as one model's: (logits, log-normaliser (N,))
+    whose difference is log(mean of the members' probabilities), fairseq's ensemble semantics.
+    One member: its own logits and log-normaliser (the searches turn only the candidates they
+    keep into log-probabilities, not the whole vocabulary). More: logsumexp over the members'
+    log-softmaxes, with log n as the normaliser."""
+    if len(logits) == 1:
+        return logits[0], torch.logsumexp(logits[0], dim=-1)
+    log_probs = torch.stack([member.log_softmax(dim=-1) for member in logits])  # (M, N, V)
+    combined = torch.logsumexp(log_probs, dim=0)  # (N, V)
+    return combined, combined.new_full(combined.shape[:1], math.log(len(logits)))
 
 
 def next_token_logits(
-    model: Transformer,
+    decoders: Decoders,
     last: Tensor,
-    encoded: EncoderOutput,
-    cache: DecoderCache,
     at_limit: Tensor,
     *,
     step: int,
@@ -70,10 +157,10 @@ def next_token_logits(
     Banned: PAD, BOS and (given unk_id) the unknown piece; EOS before min_len generated tokens;
     anything but EOS in rows `at_limit` (N,). The limit wins over min_len.
     """
-    logits = model.decode(last, encoded, cache)[:, -1].float()  # (N, V)
-    normaliser = torch.logsumexp(logits, dim=-1)  # (N,)
+    logits, normaliser = decoders.next_logits(last)  # (N, V), (N,)
     eos = logits[:, eos_id].clone()
-    banned = [model.pad_id, bos_id] if unk_id is None else [model.pad_id, bos_id, unk_id]
+    pad_id = decoders.models[0].pad_id
+    banned = [pad_id, bos_id] if unk_id is None else [pad_id, bos_id, unk_id]
     logits[:, banned] = -torch.inf
     if step < min_len:
         logits[:, eos_id] = -torch.inf
@@ -97,7 +184,7 @@ Choose = Callable[[Tensor], Tensor]
 
 @torch.no_grad()
 def single_path_search(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     choose: Choose,
     *,
@@ -111,19 +198,16 @@ def single_path_search(
     """One hypothesis per sentence, one token per step picked by `choose` (greedy: the most
     probable; sampling: a draw); scored by the model's log-probabilities. A row leaves the batch
     at its EOS."""
-    encoded = model.encode(src)
-    limits = max_lengths(encoded.src_keep, max_len_a, max_len_b, model.positions.shape[0] - 1)
-    cache = DecoderCache()
+    decoders = as_ensemble(model).start(src)
+    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)
     sentence = torch.arange(src.shape[0], device=src.device)  # input index of each live row
     tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
     scores = torch.zeros(src.shape[0], device=src.device)
     results: list[Hypothesis | None] = [None] * src.shape[0]
     for step in range(int(limits.max())):
         logits, normaliser = next_token_logits(
-            model,
+            decoders,
             tokens[:, -1:],
-            encoded,
-            cache,
             step + 1 >= limits,
             step=step,
             min_len=min_len,
@@ -144,12 +228,12 @@ def single_path_search(
         if live.numel() == 0:
             break
         tokens, scores, limits, sentence = tokens[live], scores[live], limits[live], sentence[live]
-        encoded = keep_rows(encoded, cache, live)
+        decoders.keep(live)
     return results  # every row ends by its limit, where only EOS may follow
 
 
 def greedy_search(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     *,
     bos_id: int,
@@ -225,7 +309,7 @@ def ended_hypotheses(
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src: Tensor,
     *,
     beam_size: int,
@@ -246,12 +330,9 @@ def beam_search(
     tests: the outputs are the same.
     """
     k = beam_size
-    encoded = model.encode(src)
-    limits = max_lengths(encoded.src_keep, max_len_a, max_len_b, model.positions.shape[0] - 1)
-    cache = DecoderCache()
-    model.fill_cross_attention(encoded, cache)  # once per sentence, then shared by its beams
-    cache.repeat_rows(k)
-    encoded = expand_encoded(encoded, k)
+    decoders = as_ensemble(model).start(src)
+    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)
+    decoders.repeat_beams(k)  # cross-attention once per sentence, then shared by its beams
     tokens = torch.full((src.shape[0] * k, 1), bos_id, dtype=torch.long, device=src.device)
     scores = torch.full((src.shape[0], k), -torch.inf, device=src.device)
     scores[:, 0] = 0.0  # at the start all beams are the same: expand only the first
@@ -261,10 +342,8 @@ def beam_search(
     for step in range(int(limits.max())):
         at_limit = step + 1 >= limits  # (B,)
         logits, normaliser = next_token_logits(
-            model,
+            decoders,
             tokens[:, -1:],
-            encoded,
-            cache,
             at_limit.repeat_interleave(k),
             step=step,
             min_len=min_len,
@@ -304,10 +383,10 @@ def beam_search(
             )
             # A survivor's origin row lies in its own sentence, whose rows share the encoder
             # output and cross-attention keys and values: one index reorders and prunes.
-            encoded = keep_rows(encoded, cache, rows)
+            decoders.keep(rows)
             sentence, done = [sentence[b] for b in live], [False] * len(live)
         else:
-            cache.reorder(rows)
+            decoders.reorder(rows)
         tokens = torch.cat([tokens[rows], next_token[:, None]], dim=1)  # (B*K, step + 2)
     return finished  # each list kept best first
 

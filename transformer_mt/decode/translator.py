@@ -1,12 +1,13 @@
 """Text in, text out: tokenizer + a search backend, batched by length, input order restored.
 
 The Translator prepares text the same way whatever runs the search: normalisation, tokenizer,
-truncation to the model's length limit, batches under decode.batch_tokens. The decode settings
-are an argument of each call (the Translator keeps defaults for calls that pass none), so one
-Translator serves requests with any settings. The backend turns one batch of source piece ids
-into n-best lists: `ModelSearch` runs our model with decode/search.py and decode/sampling.py;
-`ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export. decode/loading.py
-builds a Translator from a run folder or an export.
+batches under decode.batch_tokens; our model takes sources of any length, an export's backend
+may have a limit (CTranslate2's: its position table), to which sources are cut with a warning.
+The decode settings are an argument of each call (the Translator keeps defaults for calls that
+pass none), so one Translator serves requests with any settings. The backend turns one batch of
+source piece ids into n-best lists: `ModelSearch` runs our model with decode/search.py and
+decode/sampling.py; `ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export.
+decode/loading.py builds a Translator from a run folder or an export.
 """
 
 from __future__ import annotations
@@ -24,7 +25,13 @@ from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
 from transformer_mt.decode.sampling import sample_search
-from transformer_mt.decode.search import Hypothesis, beam_search, greedy_search
+from transformer_mt.decode.search import (
+    Ensemble,
+    Hypothesis,
+    as_ensemble,
+    beam_search,
+    greedy_search,
+)
 from transformer_mt.errors import ConfigError
 from transformer_mt.model import Transformer
 
@@ -36,7 +43,7 @@ class SearchBackend(Protocol):
 
     name: str
     strategies: tuple[Strategy, ...]  # the decode strategies it offers
-    max_source_tokens: int  # longest source it takes, in pieces (EOS not counted)
+    max_source_tokens: int | None  # longest source it takes, in pieces (EOS not counted); None: any
 
     def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
         """N-best lists (best first, EOS dropped) for one batch of sources that fit."""
@@ -64,16 +71,23 @@ class AttentionReader(Protocol):
 
 
 class ModelSearch:
-    """Our model with our searches: beam, greedy, and sampling from its own generator (the same
-    calls give the same output; the global RNG is not touched)."""
+    """Our model, or an Ensemble of ours, with our searches: beam, greedy, and sampling from its
+    own generator (the same calls give the same output; the global RNG is not touched).
+    Attention of an ensemble: the members' cross-attention maps averaged (as fairseq's
+    EnsembleModel averages them), each member's `layer` counted in its own decoder."""
 
     name = "transformer_mt"
     strategies = (Strategy.beam, Strategy.greedy, Strategy.sample)
 
-    def __init__(self, model: Transformer, device: torch.device, *, sampling_seed: int = 1):
-        self.model, self.device = model.to(device).eval(), device
-        self.max_source_tokens = model.positions.shape[0] - 1  # room for EOS
-        self.decoder_layers = len(model.decoder)
+    def __init__(
+        self, model: Transformer | Ensemble, device: torch.device, *, sampling_seed: int = 1
+    ):
+        self.ensemble = as_ensemble(model)
+        for member in self.ensemble.models:
+            member.to(device).eval()
+        self.model, self.device = self.ensemble.models[0], device  # model: the first member
+        self.max_source_tokens = None  # the model's positions grow to any length
+        self.decoder_layers = min(len(member.decoder) for member in self.ensemble.models)
         self.generator = torch.Generator(device=device).manual_seed(sampling_seed)
 
     def reseed(self, seed: int) -> None:
@@ -94,10 +108,10 @@ class ModelSearch:
             "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
         }
         if decode.strategy == Strategy.greedy:
-            return [[h] for h in greedy_search(self.model, src, **common)]
+            return [[h] for h in greedy_search(self.ensemble, src, **common)]
         if decode.strategy == Strategy.sample:
             hyps = sample_search(
-                self.model,
+                self.ensemble,
                 src,
                 generator=self.generator,
                 temperature=decode.temperature,
@@ -107,7 +121,7 @@ class ModelSearch:
             )
             return [[h] for h in hyps]
         return beam_search(
-            self.model,
+            self.ensemble,
             src,
             beam_size=decode.beam_size,
             alpha=decode.length_penalty,
@@ -126,7 +140,10 @@ class ModelSearch:
             raise ConfigError(f"attention layer {layer}: the decoder has {layers} layers")
         src = pad_sequences([np.asarray(s, dtype=np.int64) for s in sources], PAD_ID, suffix=EOS_ID)
         tgt_in = pad_sequences([np.asarray([BOS_ID, *t], dtype=np.int64) for t in targets], PAD_ID)
-        weights = self.model.cross_attention(src.to(self.device), tgt_in.to(self.device), layer)
+        src, tgt_in = src.to(self.device), tgt_in.to(self.device)
+        members = self.ensemble.models
+        weights = sum(member.cross_attention(src, tgt_in, layer) for member in members)
+        weights = weights / len(members)  # (B, T, S): the members' mean (one: its own)
         return [
             weights[i, : len(t) + 1, : len(s) + 1].float().cpu().tolist()
             for i, (s, t) in enumerate(zip(sources, targets, strict=True))
@@ -177,7 +194,7 @@ class Translator:
     @classmethod
     def for_model(
         cls,
-        model: Transformer,
+        model: Transformer | Ensemble,
         tokenizers: Tokenizers,
         decode: DecodeConfig,
         device: torch.device,
@@ -185,7 +202,8 @@ class Translator:
         unicode_form: str | None = "NFC",
         origin: dict | None = None,
     ) -> Translator:
-        """A Translator that searches with `model` on `device` (sampling from decode.seed)."""
+        """A Translator that searches with `model` (or an Ensemble) on `device` (sampling from
+        decode.seed)."""
         backend = ModelSearch(model, device, sampling_seed=decode.seed)
         return cls(backend, tokenizers, decode, unicode_form=unicode_form, origin=origin)
 
@@ -266,7 +284,7 @@ class Translator:
     ) -> list[AttentionMap | None]:
         """The cross-attention of decoder layer `layer` behind each best hypothesis, read again
         teacher-forced (None for an empty line)."""
-        sources = [s[: self.max_source_tokens] for s in ids]  # as the search read them
+        sources = self.cut(ids)  # as the search read them
         targets = [hyps[0].tokens for hyps in nbest]
         maps: list[AttentionMap | None] = [None] * len(ids)
         for batch in self.batches(sources, decode):
@@ -312,7 +330,7 @@ class Translator:
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
         batches, current, longest = [], [], 0
         for index in order:
-            width = min(len(ids[index]), self.max_source_tokens) + 1
+            width = len(self.cut([ids[index]])[0]) + 1
             if current and max(longest, width) * (len(current) + 1) > budget:
                 batches.append(current)
                 current, longest = [], 0
@@ -322,15 +340,26 @@ class Translator:
             batches.append(current)
         return batches
 
+    def cut(self, sources: list[list[int]]) -> list[list[int]]:
+        """Sources as the backend reads them: whole, or cut to its limit (room left for EOS)."""
+        limit = self.max_source_tokens
+        return sources if limit is None else [s[:limit] for s in sources]
+
     def truncate(self, sources: list[list[int]]) -> list[list[int]]:
-        """Sources cut to the model's limit (room left for EOS), with a warning if any was."""
-        too_long = [s for s in sources if len(s) > self.max_source_tokens]
+        """`cut`, with a warning if a source was: only a backend with a limit cuts (an export's
+        position table; our model takes any length)."""
+        limit = self.max_source_tokens
+        too_long = 0 if limit is None else sum(len(s) > limit for s in sources)
         if too_long:
             log.warning(
-                "%d input(s) longer than %d pieces truncated", len(too_long), self.max_source_tokens
+                "%d input(s) longer than %d pieces truncated: the limit of this %s model (its "
+                "position table); a transformer_mt checkpoint translates any length",
+                too_long,
+                limit,
+                self.backend.name,
             )
-        return [s[: self.max_source_tokens] for s in sources]
+        return self.cut(sources)
 
     def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
-        """N-best lists (best first) for one batch of sources, truncated to the model's limit."""
+        """N-best lists (best first) for one batch of sources, cut to the backend's limit."""
         return self.backend.search(self.truncate(sources), decode)

@@ -8,7 +8,9 @@ quantized and saved by CTranslate2. How our model maps onto it:
 - post-LN (the paper's) or pre-LN blocks: the spec's `pre_norm`; pre-LN stacks end with the final
   LayerNorms, post-LN stacks have none;
 - sinusoidal positions: passed as our table (sin at even, cos at odd dimensions), since
-  CTranslate2's built-in one is [sin | cos];
+  CTranslate2's built-in one is [sin | cos]. A fixed table of model.max_positions rows, which is
+  the export's length limit (ours grows to any length): the backend cuts longer sources to
+  max_positions - 1 pieces, with a warning, and outputs to max_positions - 1 pieces + EOS;
 - embeddings scaled by sqrt(d_model): the spec's `scale_embeddings`; one shared matrix for the
   encoder, decoder and output projection (CTranslate2 stores it once, as aliases);
 - fused projections: our Q|K|V rows are the self-attention's fused linear, our K|V rows the
@@ -69,7 +71,7 @@ def export_model(
     spec.optimize(quantization=quantization)
     info = {
         "format": FORMAT,
-        "max_positions": model.positions.shape[0],
+        "max_positions": model.cfg.max_positions,  # the table's length: the export's limit
         "unicode_form": unicode_form,
         "quantization": quantization,
         **(provenance or {}),
@@ -94,7 +96,9 @@ def transformer_spec(model: Transformer):
         activation=specs.Activation.RELU,
     )
     spec.config.layer_norm_epsilon = model.encoder[0].attn_block.norm.eps
-    positions = model.positions.cpu().numpy()  # (max_positions, D): sin at even, cos at odd dims
+    # (max_positions, D): sin at even, cos at odd dims; rows past it (grown by a long sentence
+    # decoded before the export) left out, so that the limit is the configuration's.
+    positions = model.positions[: cfg.max_positions].cpu().numpy()
     source_table = model.embed if model.src_embed is None else model.src_embed
     spec.encoder.embeddings[0].weight = weight(source_table)
     spec.encoder.position_encodings.encodings = positions

@@ -30,7 +30,10 @@ How our model maps onto transformers' Marian (models/marian/modeling_marian.py):
 What Marian's generate cannot do as ours: the length penalty (transformers divides a beam
 hypothesis's log-probability by length ** alpha, we by GNMT's ((5 + length) / 6) ** alpha, so
 beam outputs can differ; greedy ones cannot) and the per-sentence length limit (ours:
-decode.max_len_a * source length + max_len_b; there: one max_length, the model's max_positions).
+decode.max_len_a * source length + max_len_b, with positions for any length; there: one
+max_length, the model's max_positions, which is also Marian's position table: MarianTokenizer
+with truncation=True keeps max_positions - 1 source pieces and </s>, and a longer input without
+truncation is an index error in its position embedding).
 MarianTokenizer does not apply data.unicode_form (our Translator normalises inputs first, e.g.
 to NFC). The model card says so. And Marian's position table is computed in float64 where ours
 is float32: values in [-1, 1] differ by 5e-7 over 50 positions (d_model 16), 9e-6 over 256 (64),
@@ -438,8 +441,10 @@ def differences(unicode_form: str | None) -> list[str]:
         "length ** alpha; transformer_mt by GNMT's ((5 + length) / 6) ** alpha (the same alpha, "
         "length_penalty in generation_config.json). Beam outputs can differ on a few sentences; "
         "greedy outputs (num_beams=1) are the same.",
-        "- Length limit: one max_length (the model's max_positions) instead of transformer_mt's "
-        "per-sentence max_len_a * source length + max_len_b.",
+        "- Length limit: one max_length (the model's max_positions, also the length of Marian's "
+        "position table: truncate longer sources, as the tokenizer's truncation=True does) "
+        "instead of transformer_mt's per-sentence max_len_a * source length + max_len_b (which "
+        "has positions for sources of any length).",
         f"- Unicode: transformer_mt normalises inputs ({form}) before SentencePiece; "
         "MarianTokenizer does not, so give it text in that form.",
         "",

@@ -212,7 +212,7 @@ def request_lines(asked: TranslateRequest, limits: ServeJob) -> list[str]:
 
 
 def check_attention_cells(
-    ids: list[list[int]], decode: DecodeConfig, max_source_tokens: int, limits: ServeJob
+    ids: list[list[int]], decode: DecodeConfig, max_source_tokens: int | None, limits: ServeJob
 ) -> None:
     """Refused (422) unless the attention maps fit max_attention_cells. Known before decoding,
     so an oversized request costs nothing: the bound is, per non-empty line, (source pieces +
@@ -221,7 +221,7 @@ def check_attention_cells(
     cells = 0
     for line in ids:
         if line:
-            source = min(len(line), max_source_tokens)  # as the search reads it
+            source = min(len(line), max_source_tokens or len(line))  # as the search reads it
             cells += (source + 1) * max(1, int(decode.max_len_a * source + decode.max_len_b))
     if cells > limits.max_attention_cells:
         raise Refused(
@@ -322,7 +322,10 @@ def requested_decode(
 
 def model_record(origin: dict | None) -> dict | None:
     """Which model answers: the checkpoint's file name with its update (or format), never its
-    path, which would tell every visitor where the server keeps its files."""
+    path, which would tell every visitor where the server keeps its files (an ensemble: the
+    list of its checkpoints' names)."""
     if origin is None:
         return None
-    return {**origin, "checkpoint": Path(origin["checkpoint"]).name}
+    paths = origin["checkpoint"]
+    names = Path(paths).name if isinstance(paths, str) else [Path(p).name for p in paths]
+    return {**origin, "checkpoint": names}

@@ -1,0 +1,187 @@
+"""Ensembles: the mean of the members' probabilities at every step, each member with its own KV
+cache; one model is the ensemble of one; checkpoints of another vocabulary are refused."""
+
+import copy
+import dataclasses
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from transformer_mt.checkpoint import save_checkpoint
+from transformer_mt.commands.evaluate import evaluate
+from transformer_mt.config import DecodeConfig, Strategy, compose_job
+from transformer_mt.data.batching import pad_sequences
+from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
+from transformer_mt.data.toy import toy_pairs
+from transformer_mt.decode.loading import load_translator
+from transformer_mt.decode.sampling import sample_search
+from transformer_mt.decode.search import Ensemble, beam_search, combined_logits, greedy_search
+from transformer_mt.decode.translator import ModelSearch
+from transformer_mt.errors import ConfigError
+
+VOCAB = 400
+IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID, "unk_id": UNK_ID, "max_len_a": 1.0, "max_len_b": 6}
+
+
+def sources(count: int = 12, seed: int = 0) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    lines = [rng.integers(4, VOCAB, size=rng.integers(1, 15)) for _ in range(count)]
+    return pad_sequences(lines, PAD_ID, suffix=EOS_ID)
+
+
+def tokens(nbest) -> list[list[list[int]]]:
+    return [[h.tokens for h in hyps] for hyps in nbest]
+
+
+def scores(nbest) -> list[float]:
+    return [h.score for hyps in nbest for h in hyps]
+
+
+def test_one_member_is_the_model_bitwise(random_model):
+    model = random_model(VOCAB, 0, eos_bonus=4.0)
+    src = sources()
+    assert greedy_search(Ensemble([model]), src, **IDS) == greedy_search(model, src, **IDS)
+    one = beam_search(Ensemble([model]), src, beam_size=3, **IDS)
+    assert one == beam_search(model, src, beam_size=3, **IDS)  # tokens and scores
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_a_model_with_itself_gives_the_models_outputs(random_model, beam_size):
+    """Two copies, each with its own KV cache: the same tokens (every n-best entry); scores equal
+    to float32 rounding (log of the mean of two equal probabilities: lp + log 2 - log 2)."""
+    model = random_model(VOCAB, 1, eos_bonus=4.0)
+    twins = Ensemble([model, copy.deepcopy(model)])
+    src = sources(seed=1)
+    if beam_size == 1:
+        alone = [[h] for h in greedy_search(model, src, **IDS)]
+        together = [[h] for h in greedy_search(twins, src, **IDS)]
+    else:
+        alone = beam_search(model, src, beam_size=beam_size, **IDS)
+        together = beam_search(twins, src, beam_size=beam_size, **IDS)
+    assert tokens(together) == tokens(alone)
+    assert len({len(t) for hyps in tokens(alone) for t in hyps}) > 3  # outputs of many lengths
+    assert np.allclose(scores(together), scores(alone), rtol=1e-5, atol=1e-5)
+
+
+def test_the_ensemble_distribution_is_the_mean_of_the_members_probabilities():
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 7) * 3, torch.randn(3, 7) * 3
+    logits, normaliser = combined_logits([a, b])
+    expected = ((a.softmax(-1) + b.softmax(-1)) / 2).log()
+    assert torch.allclose(logits - normaliser[:, None], expected, atol=1e-6)
+    one_logits, one_normaliser = combined_logits([a])
+    assert torch.equal(one_logits, a) and torch.equal(one_normaliser, torch.logsumexp(a, -1))
+
+
+def test_two_different_models_sample_and_average_their_attention(random_model):
+    first, second = random_model(VOCAB, 2), random_model(VOCAB, 3)
+    pair = Ensemble([first, second])
+    src = sources(seed=2)
+    draws = sample_search(pair, src, generator=torch.Generator().manual_seed(0), **IDS)
+    again = sample_search(pair, src, generator=torch.Generator().manual_seed(0), **IDS)
+    assert draws == again and len(draws) == src.shape[0]
+    assert tokens([[h] for h in greedy_search(pair, src, **IDS)]) != tokens(
+        [[h] for h in greedy_search(first, src, **IDS)]
+    )
+    search = ModelSearch(pair, torch.device("cpu"))
+    source, target = [[5, 6, 7]], [[8, 9]]
+    mean = (
+        np.asarray(ModelSearch(first, torch.device("cpu")).cross_attention(source, target, -1))
+        + np.asarray(ModelSearch(second, torch.device("cpu")).cross_attention(source, target, -1))
+    ) / 2
+    assert np.allclose(search.cross_attention(source, target, -1), mean, atol=1e-6)
+
+
+def test_members_of_different_vocabulary_sizes_are_refused(random_model):
+    with pytest.raises(ValueError, match="vocabulary size"):
+        Ensemble([random_model(VOCAB, 0), random_model(VOCAB + 8, 0)])
+
+
+@pytest.fixture(scope="module")
+def tokenizer_files(tmp_path_factory):
+    """Two SentencePiece models of the same size trained on different toy sentences."""
+    made = []
+    for seed in (3, 4):
+        sentences = [s for pair in toy_pairs(500, seed=seed) for s in pair]
+        path = tmp_path_factory.mktemp(f"spm{seed}") / "spm.model"
+        train_tokenizer(sentences, path, vocab_size=VOCAB)
+        made.append(path)
+    return made
+
+
+def make_run(folder, tokenizer, random_model, seeds) -> None:
+    """A run folder as tmt-train leaves it, with random models' checkpoints step_<seed>.pt."""
+    (folder / "checkpoints").mkdir(parents=True)
+    shutil.copy(tokenizer, folder / "spm.model")
+    OmegaConf.save({"data": {"unicode_form": "NFC"}}, folder / "config.yaml")
+    for seed in seeds:
+        model = random_model(VOCAB, seed, sharpen=1.0)
+        state = {
+            "model": model.state_dict(),
+            "model_config": dataclasses.asdict(model.cfg),
+            "vocab_size": VOCAB,
+            "step": seed,
+        }
+        save_checkpoint(state, folder / "checkpoints" / f"step_{seed}.pt")
+
+
+def test_eval_with_two_checkpoints_of_two_runs(tmp_path, tokenizer_files, random_model):
+    run, other = tmp_path / "run", tmp_path / "other"
+    make_run(run, tokenizer_files[0], random_model, [1])
+    make_run(other, tokenizer_files[0], random_model, [2])
+    second = str(other / "checkpoints" / "step_2.pt")
+    job = compose_job(
+        "eval",
+        [f"run_dir={run}", f"checkpoint=[step_1.pt,{second}]", "device=cpu", "decode=greedy"],
+    )
+    evaluate(job)
+    scores = json.loads((run / "scores.test.json").read_text())
+    assert scores["checkpoint"]["step"] == [1, 2]
+    assert scores["checkpoint"]["checkpoint"] == [str(run / "checkpoints" / "step_1.pt"), second]
+    hypotheses = (run / "hypotheses.test.txt").read_text().splitlines()
+    assert len(hypotheses) == scores["sentences"] > 0
+    # Translated by the ensemble of both, not by one of them.
+    pair = load_translator(run, ["step_1.pt", second], decode=job.decode, device="cpu")
+    assert len(pair.backend.ensemble.models) == 2
+    assert len(load_translator(run, "step_1.pt", device="cpu").backend.ensemble.models) == 1
+
+
+def test_a_checkpoint_of_another_vocabulary_is_refused_naming_both_files(
+    tmp_path, tokenizer_files, random_model
+):
+    run, other = tmp_path / "run", tmp_path / "other"
+    make_run(run, tokenizer_files[0], random_model, [1])
+    make_run(other, tokenizer_files[1], random_model, [2])
+    with pytest.raises(ConfigError) as refused:
+        load_translator(run, ["step_1.pt", str(other / "checkpoints" / "step_2.pt")], device="cpu")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert str(other / "spm.model") in message and str(run / "spm.model") in message
+
+
+def test_an_export_or_an_empty_list_cannot_be_an_ensemble(tmp_path, tokenizer_files, random_model):
+    run = tmp_path / "run"
+    make_run(run, tokenizer_files[0], random_model, [1])
+    (run / "checkpoints" / "ctranslate2").mkdir()
+    with pytest.raises(ConfigError, match="an ensemble takes checkpoints only"):
+        load_translator(run, ["step_1.pt", "ctranslate2"], device="cpu")
+    with pytest.raises(ConfigError, match="config key 'checkpoint'"):
+        load_translator(run, [], device="cpu")
+
+
+def test_the_server_names_every_member():
+    model_record = pytest.importorskip("transformer_mt.serve.app").model_record
+    record = model_record({"checkpoint": ["/x/a/step_1.pt", "/y/last.pt"], "step": [1, 9]})
+    assert record == {"checkpoint": ["step_1.pt", "last.pt"], "step": [1, 9]}
+
+
+def test_sampling_through_the_translator_with_an_ensemble(tmp_path, tokenizer_files, random_model):
+    run = tmp_path / "run"
+    make_run(run, tokenizer_files[0], random_model, [1, 2])
+    decode = DecodeConfig(strategy=Strategy.sample, max_len_b=5)
+    pair = load_translator(run, ["step_1.pt", "step_2.pt"], decode=decode, device="cpu")
+    assert len(pair.translate(["the dog sees the cat.", ""])) == 2
