@@ -78,12 +78,22 @@ from transformer_mt.errors import TransformerMTError
 from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import count_parameters
 from transformer_mt.run_dir import RunDir
+from transformer_mt.train.compiling import LENGTH_MULTIPLE, compile_setting
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, peak_flops, step_flops
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.trainer import Trainer
 
 OURS, MARIAN, MARIAN_EAGER = "ours", "marian", "marian eager-attn"
+OURS_PLAIN, OURS_COMPILED = "ours plain-loss", "ours compiled"
+# --columns: what each name runs (ours: the trainer as configured, with its chunked loss).
+COLUMNS = {
+    "ours-plain": OURS_PLAIN,  # the loss over the whole logits in fp32, as before issue 25
+    "ours": OURS,
+    "ours-compiled": OURS_COMPILED,  # trainer.compile=true: the model and its loss compiled
+    "marian": MARIAN,
+    "marian-eager": MARIAN_EAGER,
+}
 CPU = torch.device("cpu")
 GENERATED_PAIRS = 120_000  # --data generated: the pool the length-sorted batches are cut from
 
@@ -143,16 +153,36 @@ def generated_data(vocab_size: int, folder: Path) -> PreparedData:
 
 # ---- the two models' training steps ------------------------------------------------------------
 class OursRunner:
-    """Our model, trained through the real Trainer."""
+    """Our model, trained through the real Trainer; `plain_loss`: with the loss over the whole
+    logits in fp32 (label_smoothed_loss, the trainer's loss before the chunked one) instead."""
 
-    def __init__(self, job: TrainJob, data: PreparedData, device: torch.device):
+    def __init__(
+        self, job: TrainJob, data: PreparedData, device: torch.device, plain_loss: bool = False
+    ):
         self.trainer = Trainer(job, RunDir(job.run_dir), data, device)
         self.model = self.trainer.model
         self.label = "transformer_mt"
+        if plain_loss:
+            plain = PlainLoss(self.model, job.optim.label_smoothing)
+            # compiled as the trainer compiles its own loss module (--compile)
+            compiled = self.trainer.compiled
+            self.trainer.train_model = torch.compile(plain, dynamic=True) if compiled else plain
 
     def step(self, batches: list[Batch]) -> torch.Tensor:
         """One update; the mean label-smoothed loss per target token (on the device)."""
         return self.trainer.train_step(batches).loss
+
+
+class PlainLoss(torch.nn.Module):
+    """TrainingLoss's interface over the plain loss: logits (B, T, V), then label_smoothed_loss."""
+
+    def __init__(self, model: torch.nn.Module, epsilon: float):
+        super().__init__()
+        self.model, self.epsilon = model, epsilon
+
+    def forward(self, src, tgt_in, tgt_out):
+        logits = self.model(src, tgt_in)
+        return label_smoothed_loss(logits, tgt_out, epsilon=self.epsilon, pad_id=PAD_ID)
 
 
 def drop_attention_biases(marian: torch.nn.Module) -> None:
@@ -182,7 +212,7 @@ class MarianRunner:
         self.model.to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.forward = self.model
-        if job.trainer.compile:  # as Trainer does with trainer.compile=true
+        if compile_setting(job.trainer.compile):  # as Trainer does with trainer.compile=true
             self.forward = torch.compile(self.model, dynamic=True)
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -250,8 +280,11 @@ def worker(
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]
-    if kind == OURS:
-        runner = OursRunner(job, data if data is not None else prepare(job.data), device)
+    if kind in (OURS, OURS_PLAIN, OURS_COMPILED):
+        if kind == OURS_COMPILED:
+            job.trainer.compile = "true"
+        data = data if data is not None else prepare(job.data)
+        runner = OursRunner(job, data, device, plain_loss=kind == OURS_PLAIN)
     else:
         attention = "eager" if kind == MARIAN_EAGER else "sdpa"
         runner = MarianRunner(job, vocab_size, device, attention)
@@ -373,9 +406,17 @@ def compose(args, run_dir: str) -> TrainJob:
     return compose_job("train", overrides)
 
 
-def first_steps(job: TrainJob, data: PreparedData, count: int, update_tokens: int | None):
+def first_steps(
+    job: TrainJob,
+    data: PreparedData,
+    count: int,
+    update_tokens: int | None,
+    length_multiple: int = 1,
+):
     """The epoch's first `count` updates, each a list of collated micro-batches: one batch of
-    trainer.batch_tokens, or (update_tokens) the trainer's plan for that many target tokens."""
+    trainer.batch_tokens, or (update_tokens) the trainer's plan for that many target tokens;
+    padded lengths rounded up to `length_multiple` (as the trainer collates for a compiled
+    model)."""
     lengths = data.train.src.lengths, data.train.tgt.lengths
     budget, accumulation = job.trainer.batch_tokens, 1
     if update_tokens:
@@ -388,7 +429,14 @@ def first_steps(job: TrainJob, data: PreparedData, count: int, update_tokens: in
         budget, accumulation = plan.micro_batch_tokens, plan.accumulation
     indices = token_batches(*lengths, budget, seed=job.trainer.seed, epoch=0)
     collated = [
-        collate(data.train, b, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+        collate(
+            data.train,
+            b,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            length_multiple=length_multiple,
+        )
         for b in indices[: count * accumulation]
     ]
     return [collated[i : i + accumulation] for i in range(0, len(collated), accumulation)]
@@ -469,8 +517,21 @@ def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, pe
         f"  for scale: torch.mm alone on the output-projection and feed-forward shapes of a "
         f"{args.batch_tokens}-token batch runs at {peak / 1e9:.1f} GFLOP/s here"
     )
-    for marian in columns[1:]:
-        print(f"  ours / {marian.kind}: {speed_ratios(columns[0], marian)} target tokens/s")
+    print_ratios(columns)
+    print(
+        "  (peak RSS: the whole process; train +RSS: what the training steps added above the "
+        "set-up's peak)"
+    )
+
+
+def print_ratios(columns: list[Column]) -> None:
+    """Each of our columns against the first column, then against Marian."""
+    references = [columns[0]] + [c for c in columns if c.kind.startswith(MARIAN)]
+    for reference in references:
+        for column in columns:
+            if column.kind.startswith(OURS) and column is not reference:
+                ratio = speed_ratios(column, reference)
+                print(f"  {column.kind} / {reference.kind}: {ratio} target tokens/s")
 
 
 def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: str, mm_rate: float):
@@ -521,8 +582,7 @@ def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: s
         f"of {max_padded(timed):,} tokens runs at {mm_rate / 1e12:.{0 if mm_rate >= 1e13 else 2}f} "
         "TFLOP/s here"
     )
-    for marian in columns[1:]:
-        print(f"  ours / {marian.kind}: {speed_ratios(columns[0], marian)} target tokens/s")
+    print_ratios(columns)
 
 
 def print_profile(profiled: StepProfile | str) -> None:
@@ -535,6 +595,25 @@ def print_profile(profiled: StepProfile | str) -> None:
 def max_padded(steps: list[list[Batch]]) -> int:
     """The largest padded size (batch x longer side) of the micro-batches."""
     return max(b.src.shape[0] * max(b.src.shape[1], b.tgt_in.shape[1]) for s in steps for b in s)
+
+
+def compiles(kind: str, args) -> bool:
+    return kind == OURS_COMPILED or (args.compile and kind in (OURS, OURS_PLAIN))
+
+
+def chosen_columns(args) -> list[str]:
+    """--columns as kinds, in order; Marian's left out (said why) where transformers is not."""
+    names = [name.strip() for name in args.columns.split(",") if name.strip()]
+    unknown = [name for name in names if name not in COLUMNS]
+    if unknown or not names:
+        raise SystemExit(f"--columns: {unknown or names} not among {', '.join(COLUMNS)}")
+    if args.no_marian:
+        names = [name for name in names if not name.startswith("marian")]
+    if args.marian_eager and "marian-eager" not in names:
+        names.append("marian-eager")
+    if any(name.startswith("marian") for name in names) and not marian_available(args):
+        names = [name for name in names if not name.startswith("marian")]
+    return [COLUMNS[name] for name in names]
 
 
 def marian_available(args) -> bool:
@@ -577,6 +656,14 @@ def parse_args():
     parser.add_argument("--gpu-report", action="store_true", help=argparse.SUPPRESS)  # on a CPU
     parser.add_argument("--no-marian", action="store_true", help="time our model only")
     parser.add_argument(
+        "--columns",
+        default="ours,marian",
+        help="what to time, in this order, the first being the reference of the ratios: "
+        + ", ".join(COLUMNS)
+        + " (ours-plain: our model with the loss over the whole fp32 logits, as before the "
+        "chunked loss; ours-compiled: trainer.compile=true; use --warmup 6 with it)",
+    )
+    parser.add_argument(
         "--profile",
         action="store_true",
         help="then one more update of ours under torch.profiler: where its time goes "
@@ -605,24 +692,37 @@ def parse_args():
 def main() -> None:
     args = parse_args()
     device = torch.device(args.device)
-    kinds = [OURS, MARIAN] if marian_available(args) else [OURS]
-    if args.marian_eager and len(kinds) == 2:
-        kinds.append(MARIAN_EAGER)
+    kinds = chosen_columns(args)
     with tempfile.TemporaryDirectory() as run_dir:
         job = compose(args, run_dir)
-        job.trainer.compile = args.compile
+        job.trainer.compile = "true" if args.compile else "false"
         job.trainer.precision = Precision(args.precision)
         generated = args.data == "generated"
         data = generated_data(args.vocab, Path(run_dir)) if generated else prepare(job.data)
         vocab_size = data.tokenizers.tgt.vocab_size
         steps = first_steps(job, data, args.warmup + args.steps, args.update_tokens)
+        # A compiled model gets the same batches with its padded lengths rounded up, as the
+        # trainer collates them; the FLOPs and tokens counted are the unrounded batches'.
+        bucketed = first_steps(
+            job, data, args.warmup + args.steps, args.update_tokens, LENGTH_MULTIPLE
+        )
         flops = [
             sum(step_flops(job.model, vocab_size, *b.src.shape, b.tgt_in.shape[1]) for b in step)
             for step in steps
         ]
         load_before = os.getloadavg()[0]
         worker_data = data if generated else None  # the workers read the prepared corpus's cache
-        columns = [start(kind, job, worker_data, vocab_size, steps, args) for kind in kinds]
+        columns = [
+            start(
+                kind,
+                job,
+                worker_data,
+                vocab_size,
+                bucketed if compiles(kind, args) else steps,
+                args,
+            )
+            for kind in kinds
+        ]
         run_blocks(columns, steps, flops, args)
         loads = (load_before, os.getloadavg()[0])
         if device.type == "cpu" and not args.gpu_report:

@@ -3,6 +3,7 @@
     python scripts/fault_drill.py                          # 8 kills, seed 0, temporary folder
     python scripts/fault_drill.py --kills 12 --seed 3 --workdir /tmp/drill
     python scripts/fault_drill.py | tee benchmarks/fault_drill.txt
+    python scripts/fault_drill.py --compile               # the same with trainer.compile=true
 
 Every run goes through the real command line (`tmt-prepare`, `tmt-train`, each in its own
 process group) on the embedded toy corpus with the tiny model:
@@ -70,6 +71,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--valid-every", type=int, default=100, help="updates")
     parser.add_argument("--workdir", type=Path, help="where runs go (default: a temporary folder)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="both runs with trainer.compile=true (the model and its loss compiled; every "
+        "restart compiles again)",
+    )
     args = parser.parse_args()
     if args.kills < 1 or args.steps < 2 * args.checkpoint_every:
         parser.error("need --kills >= 1 and --steps >= 2 x --checkpoint-every")
@@ -91,6 +98,7 @@ def train_overrides(args: argparse.Namespace, run_dir: Path, prepared_dir: Path)
         "num_threads": 1,
         "loader_workers": 1,
         "progress_bar": "false",
+        "compile": "true" if args.compile else "false",
     }
     return [
         "data=toy",

@@ -53,6 +53,36 @@ def test_bench_train_runs_ours_and_marian_at_toy_size():
     assert any(line.endswith("aten::mm") for line in profile[2:])
 
 
+@pytest.mark.slow
+def test_bench_train_times_the_plain_and_the_chunked_loss_side_by_side():
+    done = run(
+        sys.executable,
+        "scripts/bench_train.py",
+        *("--data", "toy", "--vocab", "2000", "--model", "tiny", "--steps", "2", "--warmup", "0"),
+        *("--columns", "ours-plain,ours"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ours plain-loss (transformer_mt)" in done.stdout
+    assert "ours / ours plain-loss:" in done.stdout
+    rows = [line.split() for line in done.stdout.splitlines() if "(transformer_mt)" in line]
+    losses = {row[-5] for row in rows}  # the loss column: the same updates, the same loss
+    assert len(rows) == 2 and len(losses) == 1, rows
+
+
+def test_bench_loss_compares_the_two_forms_at_toy_size():
+    done = run(
+        sys.executable,
+        "scripts/bench_loss.py",
+        *("--vocab", "300", "--tokens", "512", "--length", "16", "--d-model", "16"),
+        *("--repeats", "1", "--threads", "1"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "chunked / plain: time" in done.stdout
+    same = next(line for line in done.stdout.splitlines() if "same values" in line)
+    hidden = float(same.split("hidden ")[1].split(",")[0])
+    assert hidden < 1e-5, same
+
+
 def test_profile_kinds_name_the_kernels_of_a_gpu_update(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     profile_step = importlib.import_module("profile_step")

@@ -222,8 +222,9 @@ class TrainerConfig:
     """auto (cuda when available, else cpu), cpu, cuda, cuda:N (torchrun: each rank's own GPU)."""
     precision: Precision = Precision.auto
     """auto (bf16 autocast on GPU, fp32 on CPU), fp32, bf16, or fp16 (with a gradient scaler)."""
-    compile: bool = False
-    """Run the model through torch.compile."""
+    compile: str = "auto"
+    """true: the model and its loss through torch.compile (padded lengths rounded up to a
+    multiple of 8); false: eager; auto: on CUDA, off on the CPU (train/compiling.py says why)."""
     num_threads: int = 0
     """CPU threads for torch (0: torch's default)."""
     log_every: int = 50

@@ -331,6 +331,13 @@ class Transformer(nn.Module):
 
         With a cache, tgt_in holds only the new positions; the cache grows by T.
         """
+        return F.linear(self.decode_hidden(tgt_in, encoded, cache), self.embed.weight)
+
+    def decode_hidden(
+        self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None
+    ) -> Tensor:
+        """The decoder's output (B, T, D) before the output projection (`decode` without its
+        last matmul: the training loss projects it a chunk of tokens at a time)."""
         start = cache.length if cache is not None else 0
         x = self.embed_tokens(tgt_in, self.embed, start)
         if cache is not None:
@@ -341,7 +348,7 @@ class Transformer(nn.Module):
             else:
                 memory_k, memory_v = cache.cross_k[index], cache.cross_v[index]
             x = layer(x, memory_k, memory_v, encoded.src_keep, cache, index)
-        return F.linear(self.decoder_norm(x), self.embed.weight)  # (B, T, V)
+        return self.decoder_norm(x)
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""

@@ -5,6 +5,7 @@ resumed from a checkpoint continues bitwise (CUDA RNG included); fp16 trains wit
 from __future__ import annotations
 
 import datetime
+import logging
 import sys
 from pathlib import Path
 
@@ -19,8 +20,8 @@ from transformer_mt.data.batching import Batch, collate, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train import trainer as trainer_module
 from transformer_mt.train.distributed import Ranks
+from transformer_mt.train.loss import TrainingLoss
 from transformer_mt.train.trainer import Trainer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
@@ -28,7 +29,9 @@ from test_resume import QUICK, assert_same_tensors, load  # noqa: E402  (the CPU
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)
-ON_CUDA = ["trainer.device=cuda", *QUICK]
+# Eager: the tests below compare runs bitwise and time-box the GPU check; compiling (auto's
+# choice on CUDA) is tested on its own at the end.
+ON_CUDA = ["trainer.device=cuda", "trainer.compile=false", *QUICK]
 
 
 def first_batches(job: TrainJob, data: PreparedData, count: int) -> list[Batch]:
@@ -68,13 +71,13 @@ def test_fused_adam_skips_an_inf_gradient_on_the_device_without_a_host_sync(
     batches = first_batches(job, data, 3)
     trainer.train_step([batches[0]])  # Adam's state exists from here on
     before = cloned_state(trainer)
-    real_loss = trainer_module.label_smoothed_loss
+    real_loss = TrainingLoss.forward
 
     def overflowing_loss(*args, **kwargs):
         sums = real_loss(*args, **kwargs)
         return sums._replace(loss=sums.loss * float("inf"))
 
-    monkeypatch.setattr(trainer_module, "label_smoothed_loss", overflowing_loss)
+    monkeypatch.setattr(TrainingLoss, "forward", overflowing_loss)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any host sync in the update raises
     try:
@@ -178,3 +181,15 @@ def test_a_one_rank_nccl_ddp_run_equals_the_plain_run(tiny_train_job, tmp_path, 
     # DDP sums one rank's gradients and divides by a world size of 1: exact, so bitwise.
     assert_same_tensors(plain["model"], ddp["model"], f"model (nondeterministic: {deterministic})")
     assert_same_tensors(plain["optimizer"], ddp["optimizer"], "optimizer")
+
+
+def test_compile_auto_compiles_on_cuda_and_trains(tiny_train_job, caplog):
+    # trainer.compile=auto on CUDA: the model and its loss compiled (the log says so and counts
+    # the graphs), lengths rounded up to multiples of 8, and the run trains to a finite state.
+    compiled = ["trainer.device=cuda", "trainer.compile=auto", *QUICK, "trainer.log_every=1"]
+    job = tiny_train_job(*compiled)
+    with caplog.at_level(logging.INFO):
+        state = load(train(job))
+    assert "trainer.compile=auto: on for CUDA" in caplog.text
+    assert "torch.compile by update 1:" in caplog.text
+    assert all(torch.isfinite(tensor).all() for tensor in state["model"].values())

@@ -289,3 +289,24 @@ def test_ranks_that_would_resume_different_checkpoints_both_stop(same_batches, t
         assert "(checkpoint: rank 0: " in message and "step_4.pt (update 4)" in message
         assert "step_2.pt (update 2)" in message
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
+
+
+def test_two_ddp_processes_train_compiled_and_stop_compiling(same_batches, tmp_path):
+    # trainer.compile=true under DDP: the model and its loss compiled in each rank, gradients
+    # all-reduced through the compiled graph's hooks. The lengths are rounded up to multiples of
+    # 8 and the graphs are dynamic, so after the first update's graph no new one is made.
+    result = torchrun(
+        2,
+        [*same_batches, "trainer.max_steps=8", "trainer.compile=true", f"run_dir={tmp_path}/run"],
+    )
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["step"] == 8 and state["progress"]["layout"][0] == 2
+    counts = [
+        line.split("torch.compile by update ")[1]
+        for line in result.stderr.splitlines()
+        if "torch.compile by update" in line
+    ]
+    assert counts, result.stderr[-3000:]
+    last_update = int(counts[-1].split(":")[0])
+    assert last_update <= 2, counts  # the counts stopped changing after the second update
+    assert "0 recompile(s)" in counts[-1], counts

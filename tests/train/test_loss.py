@@ -1,8 +1,11 @@
 import math
 
+import pytest
 import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.loss import label_smoothed_loss, projected_loss
 
 
 def test_label_smoothed_loss_equals_hand_computed_value():
@@ -38,3 +41,87 @@ def test_no_smoothing_is_plain_nll():
     logits, target = torch.randn(1, 4, 7), torch.randint(1, 7, (1, 4))
     sums = label_smoothed_loss(logits, target, epsilon=0.0, pad_id=0)
     torch.testing.assert_close(sums.loss, sums.nll)
+
+
+def plain_and_projected(rows=3, length=7, vocab=23, width=16, epsilon=0.1, seed=0, **kwargs):
+    """The plain loss over F.linear's logits and projected_loss, with both gradients."""
+    generator = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(rows, length, width, generator=generator)
+    weight = torch.randn(vocab, width, generator=generator) * width**-0.5
+    target = torch.randint(1, vocab, (rows, length), generator=generator)
+    target[1, length // 2 :] = 0  # padding
+    target[2, 1:] = 0
+    results = []
+    for projected in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if projected:
+            sums = projected_loss(h, w, target, epsilon=epsilon, pad_id=0, **kwargs)
+        else:
+            sums = label_smoothed_loss(F.linear(h, w), target, epsilon=epsilon, pad_id=0)
+        sums.loss.backward()
+        results.append((sums, h.grad, w.grad))
+    return results
+
+
+@pytest.mark.parametrize("drop_padding", [True, False])  # the CPU's way, the GPU's way
+@pytest.mark.parametrize("chunk_tokens", [1, 4, 1000])
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_projected_loss_equals_the_plain_one_with_its_gradients(
+    chunk_tokens, epsilon, drop_padding
+):
+    (plain, h_plain, w_plain), (ours, h_ours, w_ours) = plain_and_projected(
+        epsilon=epsilon, chunk_tokens=chunk_tokens, drop_padding=drop_padding
+    )
+    torch.testing.assert_close(ours.loss, plain.loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(ours.nll, plain.nll, rtol=1e-6, atol=0)
+    assert int(ours.n_tokens) == int(plain.n_tokens) == 3 * 7 - 4 - 6
+    torch.testing.assert_close(h_ours, h_plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w_ours, w_plain, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("drop_padding", [True, False])
+def test_projected_loss_gives_padding_no_gradient(drop_padding):
+    (_, _, _), (_, h_ours, _) = plain_and_projected(drop_padding=drop_padding)
+    assert h_ours[2, 1:].abs().max() == 0 and h_ours[1, 3:].abs().max() == 0
+    assert h_ours[0].abs().max() > 0
+
+
+def test_projected_loss_under_no_grad_gives_the_same_sums_and_computes_no_gradient():
+    # Validation: the weight requires a gradient, grad mode is off. Only the forward matmul may
+    # run: 2 N D V FLOPs as FlopCounterMode counts them (it leaves out the mean logit's
+    # matrix-vector product), not the two gradient matmuls, which would triple it.
+    (plain, _, _), _ = plain_and_projected()
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 7, 16, generator=generator)
+    weight = (torch.randn(23, 16, generator=generator) * 16**-0.5).requires_grad_()
+    target = torch.randint(1, 23, (3, 7), generator=generator)
+    target[1, 3:] = 0
+    target[2, 1:] = 0
+    with torch.no_grad(), FlopCounterMode(display=False) as flops:
+        sums = projected_loss(hidden, weight, target, epsilon=0.1, pad_id=0, chunk_tokens=2)
+    torch.testing.assert_close(sums.loss, plain.loss.detach(), rtol=1e-6, atol=0)
+    tokens = int(sums.n_tokens)
+    assert flops.get_total_flops() == 2 * tokens * 16 * 23
+
+
+def test_projected_loss_under_bf16_autocast_follows_the_plain_one():
+    # Both round the logits' matmul to bf16 and take everything after it in fp32.
+    torch.manual_seed(3)
+    hidden, weight = torch.randn(4, 9, 32), torch.randn(40, 32) * 32**-0.5
+    target = torch.randint(1, 40, (4, 9))
+    grads = []
+    for projected in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if projected:
+                sums = projected_loss(h, w, target, epsilon=0.1, pad_id=0, chunk_tokens=5)
+            else:
+                sums = label_smoothed_loss(F.linear(h, w), target, epsilon=0.1, pad_id=0)
+        sums.loss.backward()
+        grads.append((sums.loss.detach(), h.grad, w.grad))
+    (plain, h_plain, w_plain), (ours, h_ours, w_ours) = grads
+    assert ours.dtype == torch.float32 and h_ours.dtype == w_ours.dtype == torch.float32
+    torch.testing.assert_close(ours, plain, rtol=2e-3, atol=0)
+    # bf16 matmuls on both sides (8 bits of mantissa): a few 1e-3 of the largest entry.
+    assert (h_ours - h_plain).abs().max() <= 1e-2 * h_plain.abs().max()
+    assert (w_ours - w_plain).abs().max() <= 1e-2 * w_plain.abs().max()

@@ -13,7 +13,7 @@ from transformer_mt.commands.train import train
 from transformer_mt.data.prepare import prepare
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train import trainer as trainer_module
+from transformer_mt.train.loss import TrainingLoss
 from transformer_mt.train.schedule import inverse_sqrt_lr
 from transformer_mt.train.trainer import Trainer
 
@@ -124,7 +124,7 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tiny_train_job, monkeypa
 
 
 def test_non_finite_updates_are_skipped_then_stop_the_run(tiny_train_job, monkeypatch, caplog):
-    real_loss = trainer_module.label_smoothed_loss
+    real_loss = TrainingLoss.forward
     calls = {"n": 0}
 
     def loss_that_overflows_from_the_third_update(*args, **kwargs):
@@ -134,9 +134,7 @@ def test_non_finite_updates_are_skipped_then_stop_the_run(tiny_train_job, monkey
             sums = sums._replace(loss=sums.loss * float("inf"))
         return sums
 
-    monkeypatch.setattr(
-        trainer_module, "label_smoothed_loss", loss_that_overflows_from_the_third_update
-    )
+    monkeypatch.setattr(TrainingLoss, "forward", loss_that_overflows_from_the_third_update)
     job = tiny_train_job(
         "trainer.max_steps=50",
         "trainer.checkpoint_every=2",

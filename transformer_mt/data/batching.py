@@ -272,9 +272,11 @@ def pad_sequences(
     *,
     prefix: int | None = None,
     suffix: int | None = None,
+    multiple: int = 1,
 ) -> torch.Tensor:
+    """(len(sequences), width) int64, right-padded; the width rounded up to `multiple`."""
     extra = (prefix is not None) + (suffix is not None)
-    width = max(len(s) for s in sequences) + extra
+    width = -(-(max(len(s) for s in sequences) + extra) // multiple) * multiple
     out = np.full((len(sequences), width), pad_id, dtype=np.int64)
     start = int(prefix is not None)
     if prefix is not None:
@@ -287,14 +289,23 @@ def pad_sequences(
 
 
 def collate(
-    data: ParallelTokens, indices: np.ndarray, *, pad_id: int, bos_id: int, eos_id: int
+    data: ParallelTokens,
+    indices: np.ndarray,
+    *,
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+    length_multiple: int = 1,
 ) -> Batch:
+    """The pairs `indices` as padded tensors; `length_multiple`: both padded lengths rounded up to
+    a multiple of it (a compiled model then meets far fewer distinct shapes)."""
     src = [data.src[i] for i in indices]
     tgt = [data.tgt[i] for i in indices]
+    multiple = {"multiple": length_multiple}
     return Batch(
-        src=pad_sequences(src, pad_id, suffix=eos_id),
-        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id),
-        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id),
+        src=pad_sequences(src, pad_id, suffix=eos_id, **multiple),
+        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, **multiple),
+        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id, **multiple),
         n_tgt_tokens=sum(len(s) for s in tgt) + len(tgt),  # + EOS each
         n_src_tokens=sum(len(s) for s in src) + len(src),
     )
@@ -313,9 +324,11 @@ class BatchDataset(torch.utils.data.Dataset):
         pad_id: int,
         bos_id: int,
         eos_id: int,
+        length_multiple: int = 1,
     ):
         self.folder, self.split, self.batches = folder, split, batches
         self.ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
+        self.length_multiple = length_multiple
         self.data: ParallelTokens | None = None
 
     def __len__(self) -> int:
@@ -324,7 +337,9 @@ class BatchDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Batch:
         if self.data is None:
             self.data = ParallelTokens.load(self.folder, self.split)
-        return collate(self.data, self.batches[index], **self.ids)
+        return collate(
+            self.data, self.batches[index], **self.ids, length_multiple=self.length_multiple
+        )
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "data": None}

@@ -1,16 +1,38 @@
-"""Label-smoothed cross-entropy, returned as sums so the trainer divides once by the token count.
+"""Label-smoothed cross-entropy of the output projection, returned as sums so the trainer divides
+once by the token count.
 
 Convention (PyTorch's, also fairseq's up to the target's own share): the smoothed target puts
 1 - eps on the reference token and eps / V on every token of the vocabulary (the reference
 included), so loss_i = (1 - eps) * nll_i + eps * mean_v(-log p_v). Padding positions count zero.
+
+`projected_loss` never holds the logits of the whole batch: it takes the decoder's last hidden
+states and the (tied) output embedding, drops the padding positions, and works through the
+tokens a chunk at a time. For each chunk it computes the logits, their log-sum-exp and, when a
+gradient is wanted, the gradient at once (softmax minus the smoothed target), turns it into the
+gradients of the hidden states and of the embedding, and lets the chunk's logits go. Two of the
+three terms need no pass over the logits at all: the reference logit is h . W[y], and the mean
+logit over the vocabulary is h . mean(W). Backward then only scales the stored gradients by
+the incoming one (the loss is a sum, so that scalar is all autograd passes down).
+
+Per chunk that is three matmuls (the same FLOPs as the plain loss, minus the padding) and about
+four passes over (chunk x V): the log-sum-exp's two reads, the in-place subtraction and exp (and,
+under autocast, the cast of the gradient to the matmuls' dtype). The plain loss
+makes about ten over the whole (tokens x V) in fp32 and keeps several of them alive at once.
+`label_smoothed_loss` is that plain form over given logits: the reference the tests hold
+`projected_loss` to.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+# Logits held at once: chunks of about this many elements (64 MiB of fp32 on a CPU), so that a
+# chunk stays small next to the model while its matmuls are still large.
+CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**27}
 
 
 class LossSums(NamedTuple):
@@ -20,7 +42,8 @@ class LossSums(NamedTuple):
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int) -> LossSums:
-    """logits (B, T, V), target (B, T) -> sums over non-pad positions (no host synchronisation)."""
+    """logits (B, T, V), target (B, T) -> sums over non-pad positions, in fp32 over the whole
+    (B, T, V): the plain form, kept as the reference of `projected_loss`."""
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     keep = target != pad_id  # (B, T)
     nll = F.nll_loss(
@@ -29,3 +52,139 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, *, epsilon: float, pad_i
     uniform = -(log_probs.mean(dim=-1) * keep).sum()
     loss = (1.0 - epsilon) * nll + epsilon * uniform
     return LossSums(loss, nll, keep.sum())
+
+
+def projected_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    *,
+    epsilon: float,
+    pad_id: int,
+    chunk_tokens: int | None = None,
+    drop_padding: bool | None = None,
+) -> LossSums:
+    """The sums of `label_smoothed_loss(hidden @ weight.T, target)` without its logits.
+
+    hidden (B, T, D): the decoder's output; weight (V, D): the output projection; target (B, T).
+    Under autocast the matmuls run in its dtype (bf16, fp16) and everything else in fp32, as the
+    plain loss does after its cast. The nll is returned without a gradient.
+
+    drop_padding (None: on the CPU only): select the non-pad positions first, so that padding
+    never reaches the projection; on a GPU that selection would wait for the device (its size
+    is data), so there padded positions go through with weight 0 instead."""
+    keep = target != pad_id
+    if drop_padding is None:
+        drop_padding = hidden.device.type == "cpu"
+    if drop_padding:
+        tokens, references, weights = hidden[keep], target[keep], None
+    else:
+        tokens, references = hidden.flatten(0, 1), target.flatten()
+        weights = keep.flatten().to(torch.float32)
+    dtype = autocast_dtype_of(hidden.device)
+    if chunk_tokens is None:
+        budget = CHUNK_ELEMENTS.get(hidden.device.type, CHUNK_ELEMENTS["cpu"])
+        chunk_tokens = max(1, budget // weight.shape[0])
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    with torch.autocast(hidden.device.type, enabled=False):
+        loss, nll = ProjectedLoss.apply(
+            tokens, weight, references, weights, epsilon, chunk_tokens, dtype, wants_grad
+        )
+    return LossSums(loss, nll, keep.sum())
+
+
+def autocast_dtype_of(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast gives matmuls here, None where it is off."""
+    if not torch.is_autocast_enabled(device.type):
+        return None
+    return torch.get_autocast_dtype(device.type)
+
+
+class ProjectedLoss(torch.autograd.Function):
+    """(N, D) hidden states, (V, D) weight, (N,) references, (N,) 0/1 weights or None (all 1)
+    -> (loss sum, nll sum), with the gradients computed in forward (see the module's
+    docstring)."""
+
+    @staticmethod
+    def forward(ctx, tokens, weight, references, weights, epsilon, chunk_tokens, dtype, wants_grad):
+        # wants_grad: given by the caller, as forward runs with grad mode off and needs_input_grad
+        # says only what requires a gradient, not whether one will be taken (validation).
+        vocab = weight.shape[0]
+        compute = dtype or tokens.dtype
+        weight_c = weight.to(compute)
+        mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
+        loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
+        nll = torch.zeros_like(loss)
+        grad_tokens = torch.empty_like(tokens, dtype=torch.float32) if wants_grad else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if wants_grad else None
+        token_sum = torch.zeros_like(mean_row)  # sum_i h_i, for the eps / V term of grad_weight
+        for start in range(0, tokens.shape[0], chunk_tokens):
+            h = tokens[start : start + chunk_tokens]
+            y = references[start : start + chunk_tokens]
+            w = None if weights is None else weights[start : start + chunk_tokens]
+            if w is not None:  # a padded position: no share of the loss or of any gradient
+                h = h * w[:, None]
+            h_c = h.to(compute)
+            logits = (h_c @ weight_c.T).float()  # (c, V)
+            lse = torch.logsumexp(logits, dim=-1)
+            h32 = h.float()
+            chunk_nll = lse - logits.gather(1, y[:, None]).squeeze(1)
+            chunk_uniform = lse - h32 @ mean_row
+            if w is not None:
+                chunk_nll, chunk_uniform = chunk_nll * w, chunk_uniform * w
+            nll += chunk_nll.sum()
+            loss += (1.0 - epsilon) * chunk_nll.sum() + epsilon * chunk_uniform.sum()
+            if not wants_grad:
+                continue
+            # d loss_i / d z = softmax - (1 - eps) * onehot(y) - eps / V: the reference's share
+            # is taken off in fp32 before any cast (one element per token), the uniform eps / V
+            # goes onto the (c, D) and (V, D) results instead of a pass over the (c, V) logits.
+            grad_z = logits.sub_(lse[:, None]).exp_()
+            grad_z[torch.arange(len(y), device=y.device), y] -= 1.0 - epsilon
+            grad_z = grad_z.to(compute)
+            grad_h = (grad_z @ weight_c).float() - epsilon * mean_row
+            if w is not None:
+                grad_h *= w[:, None]
+            grad_tokens[start : start + chunk_tokens] = grad_h
+            if compute == torch.float32:
+                grad_weight.addmm_(grad_z.T, h_c)
+            else:
+                grad_weight += (grad_z.T @ h_c).float()
+            token_sum += h32.sum(0)
+        if wants_grad:
+            grad_weight -= (epsilon / vocab) * token_sum
+            ctx.save_for_backward(grad_tokens, grad_weight)
+        ctx.mark_non_differentiable(nll)
+        ctx.input_dtypes = (tokens.dtype, weight.dtype)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_nll):
+        grad_tokens, grad_weight = ctx.saved_tensors
+        tokens_dtype, weight_dtype = ctx.input_dtypes
+        return (
+            (grad_tokens * grad_loss).to(tokens_dtype) if ctx.needs_input_grad[0] else None,
+            (grad_weight * grad_loss).to(weight_dtype) if ctx.needs_input_grad[1] else None,
+            *(None,) * 6,  # references, weights, epsilon, chunk_tokens, dtype, wants_grad
+        )
+
+
+class TrainingLoss(torch.nn.Module):
+    """The model and its loss as one module, (src, tgt_in, tgt_out) -> LossSums: what
+    DistributedDataParallel wraps and torch.compile compiles, so that the compiled region runs up
+    to the loss. The chunked projection itself stays eager (its token selection and chunk loop
+    have data-dependent shapes); it is one call at the end of the graph."""
+
+    def __init__(self, model, *, epsilon: float, pad_id: int):
+        super().__init__()
+        self.model = model
+        self.epsilon, self.pad_id = epsilon, pad_id
+
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> LossSums:
+        hidden = self.model.decode_hidden(tgt_in, self.model.encode(src))
+        return eager_projected_loss(
+            hidden, self.model.embed.weight, tgt_out, epsilon=self.epsilon, pad_id=self.pad_id
+        )
+
+
+eager_projected_loss = torch.compiler.disable(projected_loss)

@@ -27,9 +27,10 @@ from transformer_mt.errors import CheckpointError
 from transformer_mt.files import remove_partial_writes
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
+from transformer_mt.train.compiling import LENGTH_MULTIPLE, CompileWatch, should_compile
 from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.flops import peak_flops, step_flops
-from transformer_mt.train.loss import LossSums, label_smoothed_loss
+from transformer_mt.train.loss import LossSums, TrainingLoss
 from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, WindowStats
 from transformer_mt.train.run_state import Progress, restore_rng, rng_states
 from transformer_mt.train.schedule import paper_schedule
@@ -65,14 +66,19 @@ class Trainer:
         # What this run's checkpoints say of themselves (step and progress added when saved).
         self.record = CheckpointRecord.of_run(cfg.model, data.tokenizers, data.folder.name)
         self.model = self.record.build_model().to(device)
-        self.train_model = self.model
+        # What a micro-batch runs: the model up to its loss sums, in one module.
+        self.train_model = TrainingLoss(
+            self.model, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
+        )
         if self.ranks.distributed:
             self.train_model = DistributedDataParallel(
-                self.model,
+                self.train_model,
                 device_ids=[device] if device.type == "cuda" else None,
                 broadcast_buffers=False,  # the only buffer is the constant position table
             )
-        if cfg.trainer.compile:
+        self.compiled = should_compile(cfg.trainer.compile, device)
+        self.compile_watch = CompileWatch() if self.compiled else None
+        if self.compiled:
             self.train_model = torch.compile(self.train_model, dynamic=True)
         # Fused Adam (CPU and GPU) can skip an update on a device-side flag, without a host sync.
         self.optimizer = torch.optim.AdamW(
@@ -245,7 +251,13 @@ class Trainer:
         progress.batches_in_epoch = len(batches)
         progress.layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
         dataset = BatchDataset(
-            self.data.folder, "train", batches, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
+            self.data.folder,
+            "train",
+            batches,
+            pad_id=PAD_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            length_multiple=LENGTH_MULTIPLE if self.compiled else 1,
         )
         workers = settings.loader_workers
         return torch.utils.data.DataLoader(
@@ -281,10 +293,7 @@ class Trainer:
         with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
             batch = batch.to(self.device)
             with autocast_for(self.device, self.cfg.trainer.precision):
-                logits = self.train_model(batch.src, batch.tgt_in)
-            sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
-            )
+                sums = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
             self.scaler.scale(sums.loss * scale).backward()
         return LossSums(sums.loss.detach(), sums.nll.detach(), sums.n_tokens)
 
@@ -389,6 +398,11 @@ class Trainer:
             self.writer.add_scalar(f"train/{name}", value, self.progress.step)
         progress = self.progress
         log.info("%s", stats.format(progress.step, progress.epoch, progress.train_seconds))
+        if self.compile_watch is not None:
+            self.compile_watch.check(progress.step)  # logs the counts when they changed
+            counts = self.compile_watch.last
+            self.writer.add_scalar("compile/graphs", counts.graphs, progress.step)
+            self.writer.add_scalar("compile/recompiles", counts.recompiles, progress.step)
         shown = stats.bar_postfix()
         if self.cfg.trainer.max_time_minutes:  # the bar's total counts updates, not the budget
             left = 60 * self.cfg.trainer.max_time_minutes - self.progress.train_seconds

@@ -14,7 +14,7 @@ from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.device import autocast_for
 from transformer_mt.model import Transformer
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.loss import TrainingLoss
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ def validation_loss(
     model: Transformer, data: ParallelTokens, cfg: TrainJob, device: torch.device
 ) -> ValidationScores:
     model.eval()
+    loss_of = TrainingLoss(model, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID)
     loss_sum = nll_sum = tokens = 0.0
     batches = token_batches(
         data.src.lengths,
@@ -55,10 +56,7 @@ def validation_loss(
     for indices in batches:
         batch = collate(data, indices, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID).to(device)
         with autocast_for(device, cfg.trainer.precision):
-            logits = model(batch.src, batch.tgt_in)
-        sums = label_smoothed_loss(
-            logits, batch.tgt_out, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
-        )
+            sums = loss_of(batch.src, batch.tgt_in, batch.tgt_out)
         loss_sum += float(sums.loss)
         nll_sum += float(sums.nll)
         tokens += batch.n_tgt_tokens

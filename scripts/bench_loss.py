@@ -1,0 +1,140 @@
+"""The training loss alone, the plain form against the chunked one: time and peak memory of
+forward + backward, and whether they compute the same values.
+
+    python scripts/bench_loss.py                        # 37,000 pieces, a 16,384-token batch
+    python scripts/bench_loss.py --vocab 8000 --tokens 4096 --repeats 5
+
+plain: label_smoothed_loss over the logits of F.linear(hidden, weight), what the trainer ran
+before (the (tokens x V) logits, their fp32 log-softmax and its gradient all alive at once).
+chunked: projected_loss, what it runs now (transformer_mt/train/loss.py). Both get the same
+hidden states (B, T, D), tied weight (V, D) and targets, with the padding of --padding of the
+positions at the end of the rows, as a length-sorted batch has.
+
+Each form runs in its own spawned process, ABBA (plain, chunked, chunked, plain), so that the
+peak RSS it reports is its own: the process's peak after forward + backward minus its peak after
+the inputs were made. Time: the median of --repeats forward + backward passes after one untimed
+pass. Then, in this process, both forms on the same inputs: the loss, the nll and both gradients
+compared (fp32).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import statistics
+import time
+
+import torch
+
+from transformer_mt.train.loss import label_smoothed_loss, projected_loss
+
+PAD = 0
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def inputs(args, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    rows = args.tokens // args.length
+    hidden = torch.randn(rows, args.length, args.d_model, generator=generator)
+    weight = torch.randn(args.vocab, args.d_model, generator=generator) * args.d_model**-0.5
+    target = torch.randint(1, args.vocab, (rows, args.length), generator=generator)
+    target[:, round(args.length * (1 - args.padding)) :] = PAD
+    return hidden.requires_grad_(), weight.requires_grad_(), target
+
+
+def run(form: str, hidden, weight, target, epsilon: float):
+    """Forward + backward; the sums and the gradients."""
+    hidden.grad = weight.grad = None
+    if form == "plain":
+        logits = torch.nn.functional.linear(hidden, weight)
+        sums = label_smoothed_loss(logits, target, epsilon=epsilon, pad_id=PAD)
+    else:
+        sums = projected_loss(hidden, weight, target, epsilon=epsilon, pad_id=PAD)
+    sums.loss.backward()
+    return float(sums.loss.detach()), float(sums.nll), hidden.grad, weight.grad
+
+
+def worker(form: str, args, conn) -> None:
+    torch.set_num_threads(args.threads)
+    hidden, weight, target = inputs(args)
+    setup = peak_rss_mb()
+    run(form, hidden, weight, target, args.epsilon)  # untimed: first-touch allocations
+    seconds = []
+    for _ in range(args.repeats):
+        started = time.perf_counter()
+        run(form, hidden, weight, target, args.epsilon)
+        seconds.append(time.perf_counter() - started)
+    conn.send({"seconds": statistics.median(seconds), "peak_mb": peak_rss_mb() - setup})
+
+
+def measure(form: str, args) -> dict:
+    context = mp.get_context("spawn")
+    parent, child = context.Pipe()
+    process = context.Process(target=worker, args=(form, args, child))
+    process.start()
+    result = parent.recv()
+    process.join()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--vocab", type=int, default=37000)
+    parser.add_argument("--tokens", type=int, default=16384, help="padded positions B x T")
+    parser.add_argument("--length", type=int, default=64, help="T: positions per row")
+    parser.add_argument("--padding", type=float, default=0.15, help="share of padded positions")
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--epsilon", type=float, default=0.1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    results = {"plain": [], "chunked": []}
+    for form in ("plain", "chunked", "chunked", "plain"):
+        results[form].append(measure(form, args))
+    rows = args.tokens // args.length
+    print(
+        f"loss alone: vocab {args.vocab:,}, {rows} x {args.length} = {rows * args.length:,} "
+        f"positions ({args.padding:.0%} padding), d_model {args.d_model}, fp32, "
+        f"{args.threads} threads; forward + backward, median of {args.repeats}, ABBA"
+    )
+    for form, runs in results.items():
+        seconds = statistics.mean(r["seconds"] for r in runs)
+        peak = max(r["peak_mb"] for r in runs)
+        each = ", ".join(f"{r['seconds']:.3f} s" for r in runs)
+        print(f"  {form:8} {seconds:7.3f} s   peak RSS above the inputs {peak:8,.0f} MB   ({each})")
+    plain_s = statistics.mean(r["seconds"] for r in results["plain"])
+    chunked_s = statistics.mean(r["seconds"] for r in results["chunked"])
+    plain_mb = max(r["peak_mb"] for r in results["plain"])
+    chunked_mb = max(r["peak_mb"] for r in results["chunked"])
+    print(
+        f"  chunked / plain: time {chunked_s / plain_s:.2f}x, peak memory "
+        f"{chunked_mb / plain_mb:.2f}x"
+    )
+    torch.set_num_threads(args.threads)
+    hidden, weight, target = inputs(args)
+    loss_p, nll_p, gh_p, gw_p = (
+        t.clone() if torch.is_tensor(t) else t
+        for t in run("plain", hidden, weight, target, args.epsilon)
+    )
+    loss_c, nll_c, gh_c, gw_c = run("chunked", hidden, weight, target, args.epsilon)
+
+    def relative(a, b):
+        return (a - b).abs().max().item() / b.abs().max().item()
+
+    loss_difference = abs(loss_c - loss_p) / loss_p
+    print(
+        f"  same values: loss {loss_p:.4f} vs {loss_c:.4f} (relative {loss_difference:.1e}), "
+        f"nll relative {abs(nll_c - nll_p) / nll_p:.1e}; the gradients' largest difference "
+        f"over their largest entry: hidden {relative(gh_c, gh_p):.1e}, "
+        f"weight {relative(gw_c, gw_p):.1e}"
+    )
+
+
+if __name__ == "__main__":
+    main()

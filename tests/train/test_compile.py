@@ -1,0 +1,121 @@
+"""trainer.compile: the setting and its auto rule, eager fallback without build tools, a compiled
+micro-batch equal to an eager one, and shapes that stop making new graphs."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from transformer_mt.config import ModelConfig
+from transformer_mt.data.batching import pad_sequences
+from transformer_mt.errors import ConfigError
+from transformer_mt.model import Transformer
+from transformer_mt.train import compiling
+from transformer_mt.train.compiling import CompileCounts, compile_setting, should_compile
+from transformer_mt.train.loss import TrainingLoss
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("given", "meant"),
+    [
+        ("auto", None),
+        (True, True),
+        ("True", True),
+        ("true", True),
+        (False, False),
+        ("false", False),
+    ],
+)
+def test_compile_setting_reads_what_hydra_hands_over(given, meant):
+    assert compile_setting(given) is meant
+
+
+def test_a_bad_compile_setting_names_the_key():
+    with pytest.raises(ConfigError, match="config key 'trainer.compile': 'yes' is not one of"):
+        compile_setting("yes")
+
+
+def test_auto_leaves_compile_off_on_the_cpu_and_says_why(caplog):
+    with caplog.at_level(logging.INFO):
+        assert should_compile("auto", CPU) is False
+    assert "trainer.compile=auto: off on the CPU" in caplog.text
+
+
+def test_without_a_compiler_training_is_eager_with_one_line(monkeypatch, caplog):
+    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.INFO):
+        assert should_compile("true", CPU) is False
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "no C++ compiler" in warnings[0].getMessage()
+    assert "\n" not in warnings[0].getMessage()
+
+
+def test_without_python_headers_training_is_eager(monkeypatch, tmp_path, caplog):
+    monkeypatch.setattr(compiling.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    with caplog.at_level(logging.WARNING):
+        assert should_compile("true", CPU) is False
+    assert "Python headers" in caplog.text and "python3-dev" in caplog.text
+
+
+def tiny_loss(seed: int = 0) -> TrainingLoss:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0
+    )
+    return TrainingLoss(Transformer(cfg, vocab_size=50, pad_id=0), epsilon=0.1, pad_id=0)
+
+
+def batch(rows: int, src_length: int, tgt_length: int, seed: int, multiple: int = 8):
+    """A padded batch of random pairs (ids 3..49) with lengths up to the given ones."""
+    rng = np.random.default_rng(seed)
+
+    def side(length: int) -> list[np.ndarray]:
+        sizes = rng.integers(1, length + 1, rows)
+        sizes[0] = length
+        return [rng.integers(3, 50, size) for size in sizes]
+
+    src, tgt = side(src_length), side(tgt_length)
+    return (
+        pad_sequences(src, 0, suffix=2, multiple=multiple),
+        pad_sequences(tgt, 0, prefix=1, multiple=multiple),
+        pad_sequences(tgt, 0, suffix=2, multiple=multiple),
+    )
+
+
+def loss_and_gradients(module: torch.nn.Module, tensors) -> tuple[torch.Tensor, list]:
+    module.zero_grad(set_to_none=True)
+    sums = module(*tensors)
+    sums.loss.backward()
+    return sums, [p.grad.clone() for p in module.parameters()]
+
+
+@pytest.mark.slow
+def test_a_compiled_micro_batch_equals_an_eager_one_and_shapes_stop_making_graphs():
+    # fp32, dropout off: the compiled graph computes the same sums in another order (fused
+    # kernels), so loss, nll and every gradient agree to float32 rounding; 1e-5 of each tensor's
+    # largest entry is two orders of magnitude above it and far below any real difference.
+    eager = tiny_loss()
+    compiled = torch.compile(copy.deepcopy(eager), dynamic=True)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    shapes = [(6, 11, 9), (5, 17, 21), (7, 30, 12), (3, 9, 28), (8, 22, 19), (4, 14, 6)]
+    graphs = []
+    for seed, (rows, src_length, tgt_length) in enumerate(shapes):
+        tensors = batch(rows, src_length, tgt_length, seed)
+        want, want_grads = loss_and_gradients(eager, tensors)
+        got, got_grads = loss_and_gradients(compiled, tensors)
+        assert int(got.n_tokens) == int(want.n_tokens)
+        torch.testing.assert_close(got.loss, want.loss, rtol=1e-5, atol=0)
+        torch.testing.assert_close(got.nll, want.nll, rtol=1e-5, atol=0)
+        for g, w in zip(got_grads, want_grads, strict=True):
+            assert (g - w).abs().max() <= 1e-5 * w.abs().max()
+        graphs.append(CompileCounts.now())
+    # Dynamic shapes after the first recompile: the later shapes reuse the compiled graphs.
+    assert graphs[-1] == graphs[2], graphs
+    assert graphs[-1].graphs >= 1
