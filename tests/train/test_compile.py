@@ -119,3 +119,18 @@ def test_a_compiled_micro_batch_equals_an_eager_one_and_shapes_stop_making_graph
     # Dynamic shapes after the first recompile: the later shapes reuse the compiled graphs.
     assert graphs[-1] == graphs[2], graphs
     assert graphs[-1].graphs >= 1
+
+
+def test_recompiles_are_counted_and_warned_about_at_the_limit(caplog):
+    # Static shapes: each new length compiles the frame again, so 3 lengths are 2 recompiles
+    # (Dynamo's own counters have no entry for them: the count comes from its callbacks).
+    torch._dynamo.reset()  # which also forgets the callbacks: the watch registers its own after
+    watch = compiling.CompileWatch(warn_after=2)
+    before = CompileCounts.now().recompiles
+    double = torch.compile(lambda x: x * 2 + 1, backend="eager", dynamic=False)
+    with caplog.at_level(logging.INFO, logger=compiling.__name__):
+        for length in (3, 4, 5, 5):
+            double(torch.ones(length))
+            watch.check(length)
+    assert CompileCounts.now().recompiles - before == 2
+    assert "torch.compile recompiled" in caplog.text
