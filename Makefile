@@ -17,14 +17,13 @@ ATTENTION ?= attention.jsonl
 LINE ?= 0
 PNG ?= attention.png
 
-# A CPU-only machine gets the CPU wheel (no multi-GB CUDA download); a GPU machine gets PyPI's
-# default Linux build, which is the CUDA one.
-HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
-ifeq ($(HAS_GPU),yes)
-TORCH_INDEX :=
-else
-TORCH_INDEX := --extra-index-url https://download.pytorch.org/whl/cpu
-endif
+# The torch build make install takes: TORCH_CUDA=cpu|cu126|cu130 when given, else the newest CUDA
+# build this machine's NVIDIA driver runs (nvidia-smi's "CUDA Version"), else, without nvidia-smi,
+# the CPU wheel (no multi-GB CUDA download). scripts/torch_index.py chooses and prints pip's index
+# arguments (TORCH_INDEX) when .venv is set up; transformer_mt/torch_builds.py lists the builds of
+# TORCH_VERSION. A CUDA build also gets the export-cuda extra (CTranslate2's CUDA 12 cuBLAS).
+TORCH_CUDA ?=
+comma := ,
 
 .PHONY: help install demo prepare train average eval translate serve plot-attention export \
 	export-hf test bench bench-data bench-decode bench-serve fault-drill gpu-check lint clean
@@ -34,16 +33,18 @@ help: ## list the targets
 
 # Set-up messages go to stderr, so that `make translate < in > out` writes translations only.
 $(STAMP): pyproject.toml
-	@echo "setting up $(VENV) (torch $(TORCH_VERSION), $(if $(TORCH_INDEX),CPU build,CUDA build))" >&2
+	$(eval TORCH_INDEX := $(shell $(PYTHON) scripts/torch_index.py $(TORCH_CUDA)))
+	@echo "setting up $(VENV) (torch $(TORCH_VERSION)$(if $(TORCH_INDEX), from $(lastword $(TORCH_INDEX))))" >&2
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null || { echo "no usable $(PYTHON): Python 3.10 to 3.13 is needed (python.org, Homebrew or your distribution); another one: make PYTHON=python3.12 ..." >&2; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { echo "$(PYTHON) -m venv is unavailable: install your distribution's venv package (Debian/Ubuntu: sudo apt install python3-venv)" >&2; exit 1; }
+	@test -n "$(TORCH_INDEX)"  # empty: scripts/torch_index.py said why above
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/pip install --quiet --upgrade pip >&2
 	@$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)" >&2
-	@$(BIN)/pip install --quiet -e ".[dev,export,hf,serve]" >&2
+	@$(BIN)/pip install --quiet -e ".[dev,export,hf,serve$(if $(filter --index-url,$(TORCH_INDEX)),$(comma)export-cuda)]" >&2
 	@touch $(STAMP)
 
-install: $(STAMP) ## create .venv with torch (CPU or CUDA build) and the package
+install: $(STAMP) ## create .venv with torch (the CUDA build the driver runs, else CPU; TORCH_CUDA=cpu|cu126|cu130 chooses) and the package
 
 demo: $(STAMP) ## train on the embedded toy corpus, then print test BLEU (minutes on a laptop CPU)
 	$(BIN)/tmt-train --config-name demo $(ARGS)
@@ -100,7 +101,7 @@ bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference
 fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters
 	$(BIN)/python scripts/fault_drill.py $(ARGS)
 
-gpu-check: $(STAMP) ## the CUDA path on this GPU in 8 min: tests, speed, BLEU (benchmarks/gpu.txt)
+gpu-check: $(STAMP) ## the CUDA path on this GPU in 4 min: tests, speed, MFU (ARGS=--parts=extra: the rest)
 	@PYTHON=$(BIN)/python bash scripts/gpu_check.sh $(ARGS)
 
 lint: $(STAMP) ## ruff

@@ -8,7 +8,8 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
 
   (a) ours: Translator (batched by length, KV cache, finished sentences leave the batch), with
       the exact stopping rule (the default) and with CTranslate2's (decode.stop_early=true:
-      a sentence ends once 4 hypotheses have finished), which is the same work as (c);
+      a sentence ends once 4 hypotheses have finished), which is the same work as (c); and
+      with int8 weights (decode.quantize=int8, CTranslate2's stopping rule), beside (c) int8;
   (b) reference: the tutorial approach, kept in this file as the yardstick: one sentence at a
       time, and at every step one decoder call per beam over its whole prefix, without a cache
       (the same search rule as ours, so the outputs should be the same); it is slow, so it is
@@ -16,23 +17,25 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
   (c) the checkpoint exported to CTranslate2 (transformer_mt.export.ctranslate2),
       computing in float32 and in int8.
 
-Timed runs are interleaved over --rounds rounds (a, c fp32, c int8, a, ...), each in a process
-of its own (in one process, torch's and CTranslate2's thread pools slow each other's next run on a
-small machine), and each system's fastest round is reported, with the load average around it
-(the machine is shared). Every
-output is scored with sacreBLEU. Parity: greedy outputs of ours and of CTranslate2 float32,
-token for token, and their BLEU difference.
+Timed runs are interleaved over --rounds rounds (a, a int8, c fp32, c int8, a, ...), each in a
+process of its own (in one process, torch's and CTranslate2's thread pools slow each other's
+next run on a small machine), and each system's fastest round is reported, with the load
+average around it (the machine is shared). Every output is scored with sacreBLEU. Parity:
+greedy outputs of ours and of CTranslate2 float32, token for token, and their BLEU difference.
+--sentences N: the first N test sentences only (a quick check that the script runs:
+`--sentences 20 --reference-sentences 2 --rounds 1`).
 
 Without a trained model (what `make gpu-check` runs, scripts/gpu_check.py):
 
     python scripts/bench_decode.py --generated 3000 --model base --device cuda
 
 times the same beam search on generated sentences of WMT14 length (scripts/bench_train.py's
-generator) with a random-weight model of the --model preset: ours in float32 (and under bf16
-autocast on a GPU) against CTranslate2 float32 and float16 (int8 on the CPU), all in one process,
-each after a warm-up, through the same Translator batches. Random weights rarely choose EOS, so
-nearly every hypothesis runs to its length limit (source + 50): the search's worst case, and the
-same number of steps for both; no BLEU.
+generator) with a random-weight model of the --model preset: ours in float32 (TF32 matmuls on a
+GPU), under bf16 autocast on a GPU (decode.precision=bf16) and with int8 weights on the CPU
+(decode.quantize=int8), against CTranslate2 float32 and float16 (int8 on the CPU), all in one
+process, each after a warm-up, through the same Translator batches. Random weights rarely choose
+EOS, so nearly every hypothesis runs to its length limit (source + 50): the search's worst case,
+and the same number of steps for both; no BLEU.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -54,7 +58,7 @@ from types import SimpleNamespace
 
 import torch
 
-from transformer_mt.config import DecodeConfig, Strategy, compose_job
+from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, Strategy, compose_job
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
@@ -72,7 +76,13 @@ from reference_search import reference_beam_search  # noqa: E402  (the tests' re
 PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
 OURS = "(a) ours (Translator, KV cache)"
 OURS_EARLY = "(a) ours, CTranslate2's stopping"
+OURS_INT8 = "(a) ours int8, CTranslate2's stopping"
 EARLY = dataclasses.replace(PAPER, stop_early=True)
+OURS_DECODE = {
+    OURS: PAPER,
+    OURS_EARLY: EARLY,
+    OURS_INT8: dataclasses.replace(EARLY, quantize=Quantize.int8),
+}
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
 
@@ -92,6 +102,7 @@ def interleaved(systems: list[str], args, sources: list[str], folder: Path) -> d
         for name in systems:
             command = [sys.executable, __file__, "--run", args.run, "--checkpoint", args.checkpoint]
             command += ["--threads", str(args.threads), "--time-one", name, "--export", str(folder)]
+            command += ["--sentences", str(args.sentences)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             seconds, outputs, load = json.loads(done.stdout)
             if name not in best or seconds < best[name][0]:
@@ -101,8 +112,8 @@ def interleaved(systems: list[str], args, sources: list[str], folder: Path) -> d
 
 def time_one(args, sources: list[str]) -> None:
     """One timed translation of `sources` by system args.time_one, as JSON on stdout."""
-    if args.time_one in (OURS, OURS_EARLY):
-        decode = PAPER if args.time_one == OURS else EARLY
+    if args.time_one in OURS_DECODE:
+        decode = OURS_DECODE[args.time_one]
         system = load_translator(args.run, args.checkpoint, decode=decode, device="cpu")
     else:
         system = translator_from_export(
@@ -120,7 +131,7 @@ def time_one(args, sources: list[str]) -> None:
 def row(name: str, sentences: int, seconds: float, bleu: float | None, load) -> str:
     score = f"{bleu:6.2f}" if bleu is not None else "     -"
     return (
-        f"  {name:34s} {sentences:5d} {seconds:8.2f} s {sentences / seconds:8.1f} sent/s"
+        f"  {name:38s} {sentences:5d} {seconds:8.2f} s {sentences / seconds:8.1f} sent/s"
         f"  BLEU {score}  load {load[0]:.2f} -> {load[1]:.2f}"
     )
 
@@ -155,6 +166,9 @@ def main() -> None:
         "--reference-sentences", type=int, default=100, help="the reference is timed on these"
     )
     parser.add_argument(
+        "--sentences", type=int, default=0, help="the first N test sentences only (0: all)"
+    )
+    parser.add_argument(
         "--generated",
         type=int,
         default=0,
@@ -174,7 +188,7 @@ def main() -> None:
         return
     if args.time_one:
         torch.set_num_threads(args.threads)
-        pairs = list(read_pairs(RunDir(args.run).data_config(), "test"))
+        pairs = split_pairs(RunDir(args.run).data_config(), args.sentences)
         time_one(args, [s for s, _ in pairs])
         return
     ctranslate2 = import_ctranslate2()
@@ -188,7 +202,7 @@ def benchmark(args, folder: Path) -> None:
     """Export the run's checkpoint to `folder`, then time, score and compare every system."""
     run = Path(args.run)
     data = RunDir(run).data_config()
-    pairs = list(read_pairs(data, "test"))
+    pairs = split_pairs(data, args.sentences)
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     ours = load_translator(run, args.checkpoint, decode=PAPER, device="cpu")
     ours_greedy = load_translator(run, args.checkpoint, decode=GREEDY, device="cpu")
@@ -214,13 +228,19 @@ def benchmark(args, folder: Path) -> None:
         f"\nbeam search, all {len(sources)} sentences, fastest of {args.rounds} rounds, each "
         "in a process of its own:"
     )
-    results = interleaved([OURS, OURS_EARLY, *CT2_TYPES], args, sources, folder)
+    results = interleaved([*OURS_DECODE, *CT2_TYPES], args, sources, folder)
     for name, (seconds, outputs, load) in results.items():
         print(row(name, len(sources), seconds, bleu(outputs, references), load))
 
     report_reference(args, ours, sources, references)
     report_ratios(results)
     report_parity(ours_greedy, ct2(GREEDY, "float32"), sources, references, results)
+
+
+def split_pairs(data, sentences: int) -> list[tuple[str, str]]:
+    """The run's test split, or its first `sentences` pairs (0: all)."""
+    pairs = list(read_pairs(data, "test"))
+    return pairs[:sentences] if sentences else pairs
 
 
 def report_reference(args, ours: Translator, sources, references) -> None:
@@ -253,9 +273,12 @@ def report_ratios(results: dict) -> None:
     early_s, exact_s = results[OURS_EARLY][0], results[OURS][0]
     fp32_s = results["(c) CTranslate2 float32"][0]
     int8_s = results["(c) CTranslate2 int8"][0]
+    ours_int8_s = results[OURS_INT8][0]
     print(
         f"\nsame stopping rule: ours' time / CTranslate2 float32's: {early_s / fp32_s:.2f} "
         f"(target <= 1.5: {verdict(early_s / fp32_s <= 1.5)}); / int8's: {early_s / int8_s:.2f}"
+        f"\nours int8, same stopping rule: time / ours float32's: {ours_int8_s / early_s:.2f}; "
+        f"/ CTranslate2 int8's: {ours_int8_s / int8_s:.2f}"
         f"\nours with the exact rule (the default; more steps) / CTranslate2 float32's: "
         f"{exact_s / fp32_s:.2f}; / ours with CTranslate2's rule: {exact_s / early_s:.2f}"
     )
@@ -277,16 +300,17 @@ def report_parity(ours: Translator, theirs: Translator, sources, references, bea
         f"{verdict(share >= 99)}); BLEU difference {delta:+.2f} (target |d| <= 0.1: "
         f"{verdict(abs(delta) <= 0.1)})"
     )
-    for ours_name in (OURS_EARLY, OURS):
-        for name in ("(c) CTranslate2 float32", "(c) CTranslate2 int8"):
-            pairs = list(zip(beam[ours_name][1], beam[name][1], strict=True))
-            differ = [(a, b) for a, b in pairs if a != b]
-            longer = sum(len(a.split()) > len(b.split()) for a, b in differ)
-            print(
-                f"  beam 4: {name[4:]} output = {ours_name[4:]} on "
-                f"{len(pairs) - len(differ)} of {len(pairs)} sentences; of the {len(differ)} "
-                f"others, ours is longer in {longer}"
-            )
+    compared = [*itertools.product((OURS_EARLY, OURS), CT2_TYPES)]
+    compared += [(OURS_INT8, "(c) CTranslate2 int8"), (OURS_INT8, OURS_EARLY)]
+    for ours_name, name in compared:
+        pairs = list(zip(beam[ours_name][1], beam[name][1], strict=True))
+        differ = [(a, b) for a, b in pairs if a != b]
+        longer = sum(len(a.split()) > len(b.split()) for a, b in differ)
+        print(
+            f"  beam 4: {name[4:]} output = {ours_name[4:]} on "
+            f"{len(pairs) - len(differ)} of {len(pairs)} sentences; of the {len(differ)} "
+            f"others, {ours_name[4:]} is longer in {longer}"
+        )
     print(
         "  (CTranslate2 stops a sentence once 4 hypotheses have finished, fairseq's rule; ours\n"
         "  by default goes on while a live hypothesis could still beat one of them)"
@@ -310,10 +334,16 @@ def benchmark_generated(args, folder: Path) -> None:
     sources = [generated[i].tolist() for i in range(len(generated))]
     vocabulary = GeneratedVocabulary(args.vocab)
     tokenizers = Tokenizers(vocabulary, vocabulary)
-    ours = Translator(ModelSearch(model, device), tokenizers, PAPER)
-    systems = {"(a) ours, float32": ours.translate_ids}
+    fp32 = dataclasses.replace(PAPER, precision=DecodePrecision.fp32)  # auto: bf16 on CUDA
+    ours = Translator(ModelSearch(model, device), tokenizers, fp32)
+    systems = {"(a) ours, float32": ours.translate_ids}  # with TF32 matmuls on CUDA
     if device.type == "cuda":
-        systems["(a) ours, bf16 autocast"] = autocast(ours.translate_ids, device)
+        bf16 = dataclasses.replace(PAPER, precision=DecodePrecision.bf16)
+        systems["(a) ours, bf16 autocast"] = lambda ids: ours.translate_ids(ids, bf16)
+    else:
+        int8 = dataclasses.replace(fp32, quantize=Quantize.int8)
+        ours_int8 = Translator(ModelSearch(model, device, quantize=Quantize.int8), tokenizers, int8)
+        systems["(a) ours, int8"] = ours_int8.translate_ids
     print(
         f"# generated: {len(sources)} sentences of WMT14 length (mean "
         f"{sum(map(len, sources)) / len(sources):.1f} pieces), {args.vocab:,}-piece vocabulary; "
@@ -332,21 +362,13 @@ def benchmark_generated(args, folder: Path) -> None:
             translate(sources[:64])  # warm-up: first calls allocate, load kernels
             seconds, outputs[name], load = timed(translate, sources)
         except RuntimeError as error:  # CTranslate2 loads CUDA libraries at its first call
-            print(f"  {name:34s} failed: {str(error).splitlines()[0]}")
+            print(f"  {name:38s} failed: {str(error).splitlines()[0]}")
             continue
         print(speed_row(name, outputs[name], seconds, load))
     ct2_fp32 = outputs.get("(c) CTranslate2 float32")
     if ct2_fp32 is not None:
         same = sum(a == b for a, b in zip(outputs["(a) ours, float32"], ct2_fp32, strict=True))
         print(f"  CTranslate2 float32 output = ours float32 on {same} of {len(sources)} sentences")
-
-
-def autocast(translate: Callable, device: torch.device) -> Callable:
-    def under_autocast(sources):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            return translate(sources)
-
-    return under_autocast
 
 
 def ctranslate2_systems(model, tokenizers, folder: Path, device: torch.device, threads: int):
@@ -392,7 +414,7 @@ def device_name(device: torch.device) -> str:
 def speed_row(name: str, outputs: list[list[int]], seconds: float, load) -> str:
     pieces = sum(len(o) + 1 for o in outputs)  # + EOS
     return (
-        f"  {name:34s} {len(outputs):5d} {seconds:8.2f} s {len(outputs) / seconds:8.1f} sent/s"
+        f"  {name:38s} {len(outputs):5d} {seconds:8.2f} s {len(outputs) / seconds:8.1f} sent/s"
         f" {pieces / seconds:9,.0f} pieces/s  mean output {pieces / len(outputs):5.1f} pieces"
         f"  load {load[0]:.2f} -> {load[1]:.2f}"
     )

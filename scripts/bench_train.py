@@ -28,27 +28,36 @@ spike in one block. The machine's load average is printed: other work on the cor
 
 Reported per model: target tokens/s and GFLOP/s over the timed steps, peak RSS of its process and
 how much the training steps raised that peak above the set-up (model, optimizer, imports) one.
-The FLOP count (transformer_mt/train/flops.py) is the usual matmul estimate, the same for both.
+The FLOP count (transformer_mt/train/flops.py) is the usual matmul estimate, the same for both,
+on the real (non-padding) tokens. --passes 2 runs the timed steps twice: the second pass meets
+only shapes seen before (as every epoch after the first: cuDNN's attention plans and the caching
+allocator's blocks are cached by shape), and the reports give the last pass, beside the first.
 
 On a GPU (what `make gpu-check` runs, scripts/gpu_check.py):
 
     python scripts/bench_train.py --device cuda --data generated --model base --vocab 37000 \
-        --batch-tokens 32768 --update-tokens 25000 --warmup 2 --steps 15 --block 5 [--compile] \
-        [--profile]
+        --batch-tokens 32768 --update-tokens 25000 --warmup 5 --steps 8 --block 4 --passes 2 \
+        [--columns ours-compiled] [--profile]
 
 --data generated: WMT-like sentence pairs of random pieces (roughly WMT14 en-de's lengths, ids
 Zipf-distributed over --vocab pieces: what a batch costs does not depend on which pieces it
-holds), no corpus or tokenizer needed. --update-tokens: target tokens per update, split into
-micro-batches of at most --batch-tokens padded tokens as the trainer plans them
-(trainer.global_batch_tokens); without it an update is one batch of --batch-tokens.
+holds), no corpus or tokenizer needed: the lengths of --generated-pairs pairs (2,000,000, so
+that length-sorted batches are as densely packed as WMT's: about 3% padding at 25,000 tokens),
+pieces drawn only for the sentences of the batches timed. --update-tokens: target tokens per
+update, split into micro-batches of at most --batch-tokens padded tokens as the trainer plans
+them (trainer.global_batch_tokens); without it an update is one batch of --batch-tokens.
 --precision: autocast as trainer.precision (auto: bf16 on a GPU, fp32 on the CPU), for both
 models. The GPU report gives TFLOP/s, model FLOPs utilisation against the GPU's dense bf16 peak
-(flops.py), and peak GPU memory (allocated by torch) instead of RSS. Each timed block ends with a
-device synchronisation.
+(flops.py) on real tokens and beside it on padded shapes, the batches' padding, and peak GPU
+memory (allocated by torch) instead of RSS. Each timed block ends with a device synchronisation.
+--update-tokens 3125 (or 1563) on one GPU is one rank's share of the paper's 25,000-token update
+at NPROC=8 (or 2 nodes x 8): the small micro-batches where kernel launches, not the GPU, set the
+pace.
 
---profile (GPU or CPU): after the table, ours runs its last timed update once more under
-torch.profiler (scripts/profile_step.py): time by kind of kernel or operator, the longest ones,
-and how busy the device was over the update's wall time.
+--profile (GPU or CPU): after the table, ours runs its last timed update again under
+torch.profiler, 3 times after one skipped and one warm-up (scripts/profile_step.py): time by kind
+of kernel or operator, the longest ones, how busy the device was over those updates' wall time,
+and on a GPU the host's operators by their own CPU time.
 """
 
 from __future__ import annotations
@@ -79,7 +88,7 @@ from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import count_parameters
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.compiling import LENGTH_MULTIPLE, compile_setting
-from transformer_mt.train.flops import PEAK_BF16_FLOPS, peak_flops, step_flops
+from transformer_mt.train.flops import PEAK_BF16_FLOPS, Flops, peak_flops, update_flops
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.trainer import Trainer
@@ -95,7 +104,10 @@ COLUMNS = {
     "marian-eager": MARIAN_EAGER,
 }
 CPU = torch.device("cpu")
-GENERATED_PAIRS = 120_000  # --data generated: the pool the length-sorted batches are cut from
+# --data generated: the pairs whose lengths the length-sorted batches are cut from. WMT14 en-de
+# has 4.5M; 120,000 left the batches sparse (11.8% padding at 25,000 tokens against 2.5% on
+# WMT): a million or two give WMT's padding. Pieces are drawn only for the batches timed.
+GENERATED_PAIRS = 2_000_000
 
 
 def peak_rss_mb() -> float:
@@ -144,11 +156,25 @@ def generated_pairs(count: int, vocab_size: int, seed: int) -> ParallelTokens:
     return ParallelTokens(src, generated_pieces(tgt_lengths, vocab_size, rng))
 
 
-def generated_data(vocab_size: int, folder: Path) -> PreparedData:
-    """A prepared corpus of GENERATED_PAIRS generated pairs (no valid split is read here)."""
+def generated_data(
+    job: TrainJob, pairs: int, updates: int, update_tokens: int | None, folder: Path
+) -> tuple[PreparedData, list[list[np.ndarray]]]:
+    """The first `updates` updates' batches (as `first_batches` cuts them) from the lengths of
+    `pairs` generated pairs, and a prepared corpus of only the sentences they hold, in batch
+    order, with the batches' indices into it (no valid split is read here)."""
+    vocab_size = job.data.vocab_size
+    rng = np.random.default_rng(1)
+    src_lengths, tgt_lengths = generated_lengths(pairs, rng)
+    batches = first_batches(job, src_lengths, tgt_lengths, updates, update_tokens)
+    used = np.concatenate([b for update in batches for b in update])  # each sentence once
+    src = generated_pieces(src_lengths[used], vocab_size, rng)
+    train = ParallelTokens(src, generated_pieces(tgt_lengths[used], vocab_size, rng))
+    ends = np.cumsum([len(b) for update in batches for b in update])
+    within = iter(np.split(np.arange(len(used)), ends[:-1]))  # positions in the small corpus
+    batches = [[next(within) for _ in update] for update in batches]
     vocabulary = GeneratedVocabulary(vocab_size)
-    train = generated_pairs(GENERATED_PAIRS, vocab_size, seed=1)
-    return PreparedData(Tokenizers(vocabulary, vocabulary), train=train, valid=train, folder=folder)
+    data = PreparedData(Tokenizers(vocabulary, vocabulary), train=train, valid=train, folder=folder)
+    return data, batches
 
 
 # ---- the two models' training steps ------------------------------------------------------------
@@ -313,7 +339,8 @@ def worker(
 
 
 def profiled(runner, step: list[Batch], device: torch.device) -> StepProfile | str:
-    """One more update under torch.profiler, or what went wrong (the timings stand without it)."""
+    """The update again under torch.profiler (profile_step.SKIPPED + WARMUP + PROFILED times),
+    or what went wrong (the timings stand without it)."""
     try:
         return profile_update(lambda: float(runner.step(step)), device)
     except Exception as error:  # e.g. no CUPTI for the CUDA kernels: report it, keep the rest
@@ -321,22 +348,35 @@ def profiled(runner, step: list[Batch], device: torch.device) -> StepProfile | s
 
 
 @dataclass
+class Timing:
+    """One pass of a column over the timed updates: its blocks' seconds and what they held."""
+
+    block_seconds: list[float] = field(default_factory=list)
+    tokens: int = 0
+    flops: Flops = Flops()
+    loss: float = 0.0  # token-weighted sum of the updates' mean losses
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.block_seconds)
+
+
+@dataclass
 class Column:
-    """One model's process and what it measured."""
+    """One model's process and what it measured: a Timing per pass over the timed updates (the
+    last is the one reported first: every shape in it has been seen before)."""
 
     kind: str
     process: mp.process.BaseProcess
     conn: object
     info: dict
-    block_seconds: list[float] = field(default_factory=list)
+    update_flops: list[Flops]  # of the updates as this column runs them (rounded up, compiled)
+    passes: list[Timing] = field(default_factory=list)
     warmup_seconds: float = 0.0
-    tokens: int = 0
-    flops: float = 0.0
-    loss: float = 0.0  # token-weighted sum of the timed steps' mean losses
 
     @property
-    def seconds(self) -> float:
-        return sum(self.block_seconds)
+    def timed(self) -> Timing:
+        return self.passes[-1]
 
     def ask(self, message):
         self.conn.send(message)
@@ -357,25 +397,31 @@ def start(kind: str, job: TrainJob, data, vocab_size: int, steps, args) -> Colum
     )
     process.start()
     child_end.close()  # so that recv() raises EOFError if the worker dies
-    return Column(kind, process, parent_end, info={})
+    flops = [update_flops(job.model, vocab_size, step, PAD_ID) for step in steps]
+    return Column(kind, process, parent_end, info={}, update_flops=flops)
 
 
-def run_blocks(columns: list[Column], steps: list[list[Batch]], flops: list[float], args) -> None:
-    """Warm-up on the first updates, then alternate timed blocks (ABBA) over the rest."""
+def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
+    """Warm-up on the first updates, then alternate timed blocks (ABBA) over the rest, in
+    --passes passes over the same updates (shapes seen before from the second one on)."""
     for column in columns:
         column.info = column.conn.recv()  # sent once the model is built
         column.warmup_seconds = column.ask(list(range(args.warmup)))["seconds"]
     timed = list(range(args.warmup, len(steps)))
     blocks = [timed[i : i + args.block] for i in range(0, len(timed), args.block)]
-    for number, block in enumerate(blocks):
-        for column in columns if number % 2 == 0 else columns[::-1]:
-            result = column.ask(block)
-            column.block_seconds.append(result["seconds"])
-            for i, loss in zip(block, result["losses"], strict=True):
-                tokens = sum(batch.n_tgt_tokens for batch in steps[i])
-                column.tokens += tokens
-                column.flops += flops[i]
-                column.loss += loss * tokens
+    for _ in range(args.passes):
+        for column in columns:
+            column.passes.append(Timing())
+        for number, block in enumerate(blocks):
+            for column in columns if number % 2 == 0 else columns[::-1]:
+                result = column.ask(block)
+                timing = column.timed
+                timing.block_seconds.append(result["seconds"])
+                for i, loss in zip(block, result["losses"], strict=True):
+                    tokens = sum(batch.n_tgt_tokens for batch in steps[i])
+                    timing.tokens += tokens
+                    timing.flops += column.update_flops[i]
+                    timing.loss += loss * tokens
     for number, column in enumerate(columns):
         column.info |= column.ask(None)
         if not (args.profile and number == 0):
@@ -406,43 +452,53 @@ def compose(args, run_dir: str) -> TrainJob:
     return compose_job("train", overrides)
 
 
-def first_steps(
+def first_batches(
     job: TrainJob,
-    data: PreparedData,
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
     count: int,
     update_tokens: int | None,
-    length_multiple: int = 1,
-):
-    """The epoch's first `count` updates, each a list of collated micro-batches: one batch of
-    trainer.batch_tokens, or (update_tokens) the trainer's plan for that many target tokens;
-    padded lengths rounded up to `length_multiple` (as the trainer collates for a compiled
-    model)."""
-    lengths = data.train.src.lengths, data.train.tgt.lengths
+) -> list[list[np.ndarray]]:
+    """The epoch's first `count` updates, each a list of micro-batches (index arrays): one
+    batch of trainer.batch_tokens, or (update_tokens) the trainer's plan for that many target
+    tokens."""
     budget, accumulation = job.trainer.batch_tokens, 1
     if update_tokens:
         plan = plan_batches(
-            *lengths,
+            src_lengths,
+            tgt_lengths,
             global_target_tokens=update_tokens,
             max_batch_tokens=budget,
             world_size=1,
         )
         budget, accumulation = plan.micro_batch_tokens, plan.accumulation
-    indices = token_batches(*lengths, budget, seed=job.trainer.seed, epoch=0)
-    collated = [
-        collate(
-            data.train,
-            b,
-            pad_id=PAD_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            length_multiple=length_multiple,
-        )
-        for b in indices[: count * accumulation]
+    indices = token_batches(src_lengths, tgt_lengths, budget, seed=job.trainer.seed, epoch=0)
+    indices = indices[: count * accumulation]
+    return [indices[i : i + accumulation] for i in range(0, len(indices), accumulation)]
+
+
+def collated(
+    data: PreparedData, batches: list[list[np.ndarray]], length_multiple: int = 1
+) -> list[list[Batch]]:
+    """The updates' micro-batches collated, padded lengths rounded up to `length_multiple` (as
+    the trainer collates them for a compiled model)."""
+    return [
+        [
+            collate(
+                data.train,
+                b,
+                pad_id=PAD_ID,
+                bos_id=BOS_ID,
+                eos_id=EOS_ID,
+                length_multiple=length_multiple,
+            )
+            for b in update
+        ]
+        for update in batches
     ]
-    return [collated[i : i + accumulation] for i in range(0, len(collated), accumulation)]
 
 
-def speed_ratios(ours: Column, marian: Column) -> str:
+def speed_ratios(ours: Timing, marian: Timing) -> str:
     """The overall ratio, and the median and quartiles of the per-block ones (both models ran
     the same tokens in a block, so each is a time ratio; the median shrugs off load spikes)."""
     overall = (ours.tokens / ours.seconds) / (marian.tokens / marian.seconds)
@@ -498,19 +554,19 @@ def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, pe
         f"{os.cpu_count()} cores; the benchmark itself adds about {args.threads}"
     )
     print(
-        f"  {args.warmup} warm-up + {n_steps} timed steps each, alternating blocks of "
-        f"{args.block} (ABBA), same batches, one process per model"
+        f"  {args.warmup} warm-up + {n_steps} timed steps each{passes_said(args)}, alternating "
+        f"blocks of {args.block} (ABBA), same batches, one process per model"
     )
     print(
         f"  {'':40} {'params':>11} {'tgt tok/s':>10} {'GFLOP/s':>8} {'s/step':>7} "
         f"{'loss':>6} {'peak RSS':>9} {'train +RSS':>10}"
     )
     for c in columns:
-        info = c.info
+        info, t = c.info, c.timed
         print(
             f"  {c.kind + ' (' + info['label'] + ')':40} {info['parameters']:>11,} "
-            f"{c.tokens / c.seconds:>10,.0f} {c.flops / c.seconds / 1e9:>8.1f} "
-            f"{c.seconds / n_steps:>7.2f} {c.loss / c.tokens:>6.3f} "
+            f"{t.tokens / t.seconds:>10,.0f} {t.flops.real / t.seconds / 1e9:>8.1f} "
+            f"{t.seconds / n_steps:>7.2f} {t.loss / t.tokens:>6.3f} "
             f"{info['peak_mb']:>6,.0f} MB {info['peak_mb'] - info['setup_mb']:>7,.0f} MB"
         )
     print(
@@ -530,7 +586,7 @@ def print_ratios(columns: list[Column]) -> None:
     for reference in references:
         for column in columns:
             if column.kind.startswith(OURS) and column is not reference:
-                ratio = speed_ratios(column, reference)
+                ratio = speed_ratios(column.timed, reference.timed)
                 print(f"  {column.kind} / {reference.kind}: {ratio} target tokens/s")
 
 
@@ -541,10 +597,11 @@ def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: s
     timed = steps[args.warmup :]
     tokens = [sum(b.n_tgt_tokens for b in step) for step in timed]
     padding = statistics.mean(b.padding_ratio for step in timed for b in step)
-    compiled = "torch.compile (" + ", ".join(c.kind for c in columns) + ")"
+    compiled = [c.kind for c in columns if compiles(c.kind, args)]
+    mode = f"torch.compile ({', '.join(compiled)})" if compiled else "eager"
     print(
         f"model={args.model} vocab={vocab_size} data={args.data} device={device} ({name}) "
-        f"{precision} {compiled if args.compile else 'eager'}"
+        f"{precision} {mode}"
     )
     print(
         f"  updates: {len(timed[0])} micro-batch(es) of at most {max_padded(timed):,} padded "
@@ -552,28 +609,38 @@ def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: s
         f"({min(tokens):,}-{max(tokens):,}), padding {padding:.1%}"
     )
     print(
-        f"  {args.warmup} warm-up + {len(timed)} timed updates each, alternating blocks of "
-        f"{args.block} (ABBA), same batches, one process per model; torch {torch.__version__}"
+        f"  {args.warmup} warm-up + {len(timed)} timed updates each{passes_said(args)}, "
+        f"alternating blocks of {args.block} (ABBA), same batches, one process per model; "
+        f"torch {torch.__version__}"
     )
     peak = peak_flops(name)
     print(
-        f"  {'':34} {'params':>11} {'tgt tok/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'s/update':>8} "
-        f"{'loss':>6} {'warm-up':>8} {'peak GPU':>9} {'train +GPU':>10}"
+        f"  {'':34} {'params':>11} {'tgt tok/s':>10} {'pass 1':>10} {'ratio':>6} "
+        f"{'TFLOP/s':>8} {'MFU':>6} {'padded':>6} {'s/update':>8} {'loss':>6} {'warm-up':>8} "
+        f"{'peak GPU':>9} {'train +GPU':>10}"
     )
     for c in columns:
-        info, flops_per_s = c.info, c.flops / c.seconds
-        mfu = f"{flops_per_s / peak:.1%}" if peak else "-"
+        info, t, first = c.info, c.timed, c.passes[0]
+        real, padded = (flops / t.seconds for flops in (t.flops.real, t.flops.padded))
+        mfu, mfu_padded = (f"{f / peak:.1%}" if peak else "-" for f in (real, padded))
         peak_gib, setup_gib = info["gpu_peak_gib"] or 0.0, info["gpu_setup_gib"] or 0.0
         print(
             f"  {c.kind + ' (' + info['label'] + ')':34} {info['parameters']:>11,} "
-            f"{c.tokens / c.seconds:>10,.0f} {flops_per_s / 1e12:>8.1f} {mfu:>6} "
-            f"{c.seconds / len(timed):>8.3f} {c.loss / c.tokens:>6.3f} "
+            f"{t.tokens / t.seconds:>10,.0f} {first.tokens / first.seconds:>10,.0f} "
+            f"{first.seconds / t.seconds:>5.2f}x {real / 1e12:>8.1f} {mfu:>6} {mfu_padded:>6} "
+            f"{t.seconds / len(timed):>8.3f} {t.loss / t.tokens:>6.3f} "
             f"{c.warmup_seconds:>6.1f} s {peak_gib:>5.1f} GiB {peak_gib - setup_gib:>6.1f} GiB"
         )
+    print(
+        f"  tgt tok/s, TFLOP/s, MFU, s/update, loss: the last of {args.passes} pass(es) over the "
+        "timed updates (every shape seen before from the second on); pass 1: tok/s of the "
+        "first; ratio: pass 1's time over the last's"
+    )
     known = next((key for key in PEAK_BF16_FLOPS if key in name), None)
     print(
-        f"  MFU: model FLOPs/s (flops.py's count) over {peak / 1e12:.0f} TFLOP/s, the dense bf16 "
-        f"peak listed for '{known}' in transformer_mt/train/flops.py"
+        f"  MFU: model FLOPs/s on the real (non-padding) tokens, flops.py's count, over "
+        f"{peak / 1e12:.0f} TFLOP/s, the dense bf16 peak listed for '{known}' in "
+        "transformer_mt/train/flops.py; padded: the same on the padded shapes the kernels ran"
         if peak
         else f"  MFU: no dense bf16 peak is listed for '{name}' in transformer_mt/train/flops.py"
     )
@@ -585,9 +652,13 @@ def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: s
     print_ratios(columns)
 
 
+def passes_said(args) -> str:
+    return f", {args.passes} passes over them" if args.passes > 1 else ""
+
+
 def print_profile(profiled: StepProfile | str) -> None:
     if isinstance(profiled, StepProfile):
-        print("\n".join(profiled.lines("ours: the last timed update once more")))
+        print("\n".join(profiled.lines("ours, the last timed update again")))
     else:
         print(f"  profile of ours: failed ({profiled})")
 
@@ -641,6 +712,20 @@ def parse_args():
         "tokens (the trainer's plan for trainer.global_batch_tokens); default: one batch",
     )
     parser.add_argument("--steps", type=int, default=60, help="timed steps per model")
+    parser.add_argument(
+        "--passes",
+        type=int,
+        default=1,
+        help="passes over the timed steps (2: the second runs shapes already seen, as every "
+        "epoch after the first; both are reported, with their ratio)",
+    )
+    parser.add_argument(
+        "--generated-pairs",
+        type=int,
+        default=GENERATED_PAIRS,
+        help=f"--data generated: pairs whose lengths the batches are cut from (default "
+        f"{GENERATED_PAIRS:,}: WMT-like padding; pieces only for the batches timed)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model first")
     parser.add_argument(
         "--block", type=int, default=1, help="timed steps per turn (1: alternate every step)"
@@ -697,20 +782,21 @@ def main() -> None:
         job = compose(args, run_dir)
         job.trainer.compile = "true" if args.compile else "false"
         job.trainer.precision = Precision(args.precision)
-        generated = args.data == "generated"
-        data = generated_data(args.vocab, Path(run_dir)) if generated else prepare(job.data)
+        updates = args.warmup + args.steps
+        if args.data == "generated":
+            pairs = args.generated_pairs
+            data, batches = generated_data(job, pairs, updates, args.update_tokens, Path(run_dir))
+        else:
+            data = prepare(job.data)
+            lengths = data.train.src.lengths, data.train.tgt.lengths
+            batches = first_batches(job, *lengths, updates, args.update_tokens)
         vocab_size = data.tokenizers.tgt.vocab_size
-        steps = first_steps(job, data, args.warmup + args.steps, args.update_tokens)
+        steps = collated(data, batches)
         # A compiled model gets the same batches with its padded lengths rounded up, as the
-        # trainer collates them; the FLOPs and tokens counted are the unrounded batches'.
-        bucketed = first_steps(
-            job, data, args.warmup + args.steps, args.update_tokens, LENGTH_MULTIPLE
-        )
-        flops = [
-            sum(step_flops(job.model, vocab_size, *b.src.shape, b.tgt_in.shape[1]) for b in step)
-            for step in steps
-        ]
+        # trainer collates them (its padded FLOPs count them; its real ones are the same).
+        bucketed = collated(data, batches, LENGTH_MULTIPLE)
         load_before = os.getloadavg()[0]
+        generated = args.data == "generated"
         worker_data = data if generated else None  # the workers read the prepared corpus's cache
         columns = [
             start(
@@ -723,7 +809,7 @@ def main() -> None:
             )
             for kind in kinds
         ]
-        run_blocks(columns, steps, flops, args)
+        run_blocks(columns, steps, args)
         loads = (load_before, os.getloadavg()[0])
         if device.type == "cpu" and not args.gpu_report:
             peak = matmul_rate(job.model, vocab_size, args.batch_tokens, args.threads)

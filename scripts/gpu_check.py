@@ -1,25 +1,39 @@
-"""The CUDA path in one command of at most 8 minutes: `make gpu-check` (scripts/gpu_check.sh,
-which first installs the wheels carried in .whl/, if any, then runs this).
+"""The CUDA path in two short runs: `make gpu-check` (scripts/gpu_check.sh, which first
+installs the wheels carried in .whl/, if any, then runs this).
 
-Parts, in this order, each with a time limit, none started once the budget (--budget, 480 s) is
-spent:
+The core run (the default, `--parts core`) fits in 4 minutes: --budget 240 s, the sum of its
+parts' limits, each part stopped at its own limit and none started with less than 20 s of the
+budget left. The headline figures come first:
 
-1. correctness: the `gpu` tests (tests/gpu: KV cache in bf16, fused Adam's device-side skip,
-   1-rank NCCL DDP = the plain run, bitwise resume with the CUDA RNG, fp16 with the scaler, beam
-   search on the GPU); beside them, on the same GPU,
-2. learning: the demo config (`make demo`'s) for 2 minutes of training on the GPU, then
-   beam-search BLEU on its test split (tmt-eval) and its log lines with model FLOPs utilisation;
-3. throughput: model=base and model=big, bf16, on generated WMT-like updates of 25,000 target
-   tokens, ours through the Trainer beside transformers' MarianMTModel of the same shape
-   (scripts/bench_train.py): target tokens/s, TFLOP/s, MFU, peak GPU memory, and a profile of
-   one more update of ours (where its GPU time goes, and how busy the GPU was);
-4. decoding: beam 4 on 3,000 generated sentences of WMT length, model=base with random weights,
-   ours against CTranslate2 on the GPU (scripts/bench_decode.py --generated): sentences/s;
-5. throughput with trainer.compile=true (ours; Marian is timed in eager mode only, in part 3:
-   compiling it too would add about a minute per model).
+1. correctness, 55 s: the `gpu` tests (tests/gpu: SDPA's default kernel against the math one with
+   the model's masks, fp32 and bf16, lengths 30/64/192/200, and the rows of pytorch#196678; KV
+   cache in bf16; fused Adam's device-side skip; 1-rank NCCL DDP = the plain run; bitwise resume
+   with the CUDA RNG; fp16 with the scaler; beam search on the GPU);
+2. compiled big, 70 s, and 3. compiled base, 46 s: ours with trainer.compile=true;
+4. eager base, 22 s, and 5. eager big, 22 s: ours beside transformers' MarianMTModel;
+6. decoding, 25 s: beam 4 on 1,000 generated sentences of WMT length, model=base with random
+   weights, ours against CTranslate2 on the GPU (scripts/bench_decode.py --generated).
 
-Parts 3 and 5 time ours with the loss over the whole fp32 logits (as first shipped,
-bench_train's ours-plain) beside the chunked loss the trainer runs now, eager and compiled.
+The optional run (`--parts extra`, a second invocation, 460 s, its results added to the same
+file; `--parts all`: both runs in one, 700 s):
+
+7. one rank's share at NPROC=8 and at 2 x 8, 2 x 90 s: model=base, updates of 3,125 and 1,563
+   target tokens (the paper's 25,000 over 8 and 16 GPUs), eager and compiled: the launch-bound
+   regime of a multi-GPU run, on one GPU;
+8. the step as first shipped, 2 x 40 s: base and big eager, bench_train's ours-plain (the loss
+   over the whole fp32 logits, torch's dropout) beside the step the trainer runs now;
+9. learning, 200 s: the demo config (`make demo`'s) for 2 minutes on the GPU, then beam-search
+   BLEU on its test split (tmt-eval); its log lines without their throughput fields (parts 2-8
+   measure throughput).
+
+Parts 2-5, 7 and 8 are scripts/bench_train.py on generated WMT-like updates of 25,000 target
+tokens in bf16 (batches cut from 2,000,000 pairs' lengths: WMT's padding), warm-up updates first
+(5 compiled: the dynamic-shape graph and its recompiles settle; 3 eager), then 8 timed updates
+twice (--passes 2: the second pass meets only shapes seen before; both reported, with their
+ratio): target tokens/s, TFLOP/s, MFU on real tokens beside MFU on padded shapes, peak memory,
+and a profile of 3 more updates of ours (kernel time by kind, each kernel counted once, how busy
+the GPU was, the host's operators). The limits are estimates for one H200 (no run on a GPU has
+timed them yet); a part stopped at its limit keeps the lines it printed.
 
 Everything measured goes to GPU_CHECK_OUTPUT (benchmarks/gpu.txt) as each part ends, so a run
 killed half-way keeps what it measured, and to stdout; the full output of every command to
@@ -27,9 +41,10 @@ GPU_CHECK_LOG (gpu_check.log in the temporary folder). The GPU name, driver, tor
 date head the file. The exit status is 0 when every part ran and every test passed.
 
 Without a CUDA GPU (`--probe`, which gpu_check.sh asks first) it prints one line and does nothing.
-`--rehearse-on-cpu` (not in --help) runs every part small on the CPU (tiny models, a few steps,
-6 seconds of the demo config; the gpu tests are skipped there): the code path, checked before the
-one run a lent GPU allows.
+`--rehearse-on-cpu` (not in --help) runs every part chosen as small as it goes on the CPU (tiny
+models, a few updates, 3 seconds of the demo config with a tiny model on a small toy corpus; of
+the gpu tests, those that take the `device` fixture, on the CPU, at two of the lengths): the code
+path, checked before the one run a lent GPU allows.
 """
 
 from __future__ import annotations
@@ -40,6 +55,7 @@ import functools
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import signal
 import subprocess
@@ -47,6 +63,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +92,11 @@ def probe() -> int:
             "a torch build for this driver (https://pytorch.org/get-started/locally/)"
         )
         return 1
-    print("gpu-check: no CUDA GPU visible (torch.cuda.is_available() is False); nothing to measure")
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    print(
+        f"gpu-check: no CUDA GPU visible to torch: torch.cuda.is_available() is False (torch "
+        f"{torch.__version__}, {build}); nothing to measure"
+    )
     return NO_GPU
 
 
@@ -96,11 +117,12 @@ class Report:
     """The results file and stdout, line by line (appended as they come, not written once at the
     end: a run killed at its limit keeps what it measured); the full log beside it."""
 
-    def __init__(self, output: Path, log: Path):
+    def __init__(self, output: Path, log: Path, *, append: bool = False):
         output.parent.mkdir(parents=True, exist_ok=True)
         log.parent.mkdir(parents=True, exist_ok=True)
-        self.output = output.open("w", encoding="utf-8", buffering=1)
-        self.log = log.open("w", encoding="utf-8", buffering=1)
+        mode = "a" if append else "w"
+        self.output = output.open(mode, encoding="utf-8", buffering=1)
+        self.log = log.open(mode, encoding="utf-8", buffering=1)
         self.lock = threading.Lock()
         self.paths = output, log
 
@@ -196,6 +218,7 @@ class Budget:
     """The seconds left of the whole check."""
 
     def __init__(self, seconds: float):
+        self.seconds = seconds
         self.end = time.monotonic() + seconds
 
     def left(self) -> float:
@@ -203,40 +226,65 @@ class Budget:
 
 
 # ---- the parts -----------------------------------------------------------------------------------
+RANK_SHARES = (3125, 1563)  # one rank's target tokens of a 25,000-token update: NPROC=8, 2 x 8
+
+
 @dataclass(frozen=True)
 class Settings:
     """What each part runs: the real check on a GPU, or a small rehearsal of it on the CPU.
     The options are command-line words, split at the spaces."""
 
     device: str
-    train_models: tuple[str, ...]  # bench_train's --model, eager then compiled
-    train_options: str
-    eager_steps: str
-    compiled_steps: str
-    decode_options: str
+    big: str  # bench_train's --model for the big runs
+    base: str
+    bench: str  # bench_train's options in every run
+    eager: str  # its warm-up and timed updates, eager
+    compiled: str  # and compiled (the warm-up long enough for the graph to settle)
+    decode: str  # bench_decode's options
     learn_minutes: float
+    tests: tuple[str, ...] = ()  # pytest's arguments beyond the gpu marker
+    learn: str = ""  # tmt-train's overrides beyond the demo config and the check's own
+    evaluate: str = ""  # tmt-eval's overrides
+    limit: float | None = None  # every part's limit instead of its own (the rehearsal's)
 
 
 GPU = Settings(
     device="cuda",
-    train_models=("base", "big"),
-    train_options="--data generated --vocab 37000 --batch-tokens 32768 --update-tokens 25000 "
-    "--threads 4 --profile",
-    eager_steps="--warmup 2 --steps 15 --block 5",
-    compiled_steps="--warmup 2 --steps 15 --block 5",  # the eager run's batches
-    decode_options="--generated 3000 --model base --vocab 37000 --threads 4",
+    big="big",
+    base="base",
+    bench="--data generated --vocab 37000 --batch-tokens 32768 --update-tokens 25000 "
+    "--threads 4 --passes 2 --profile",
+    eager="--warmup 3 --steps 8 --block 4",
+    compiled="--warmup 5 --steps 8 --block 4",
+    decode="--generated 1000 --model base --vocab 37000 --threads 4",
     learn_minutes=2.0,
 )
-REHEARSAL = Settings(  # --rehearse-on-cpu: every part's code, small, on the CPU
+REHEARSAL = Settings(  # --rehearse-on-cpu: every part's code, as small as it goes, on the CPU
     device="cpu",
-    train_models=("tiny",),
-    train_options="--data generated --vocab 1000 --batch-tokens 2048 --update-tokens 1500 "
-    "--threads 1 --gpu-report --profile",
-    eager_steps="--warmup 1 --steps 2 --block 1",
-    compiled_steps="--warmup 1 --steps 2 --block 1",
-    decode_options="--generated 30 --model tiny --vocab 500 --threads 1",
-    learn_minutes=0.1,
+    big="tiny",
+    base="tiny",
+    bench="--data generated --generated-pairs 5000 --vocab 500 --batch-tokens 2048 "
+    "--update-tokens 1500 --threads 1 --gpu-report --passes 2 --profile",
+    eager="--warmup 1 --steps 1 --block 1",
+    compiled="--warmup 1 --steps 1 --block 1",
+    decode="--generated 30 --model tiny --vocab 500 --threads 1",
+    learn_minutes=0.05,
+    tests=("-k", "not 192 and not 200"),  # the SDPA comparisons at lengths 30 and 64 only
+    learn="model=tiny data.toy_sizes=[2000,40,40] data.vocab_size=400 trainer.batch_tokens=1500 "
+    "trainer.global_batch_tokens=1200",
+    evaluate="decode.strategy=greedy decode.max_len_a=0 decode.max_len_b=8",
+    limit=180.0,
 )
+
+
+@dataclass(frozen=True)
+class Part:
+    """One part of the check: its name in the summary, its limit on a GPU, and what runs it
+    (given the seconds it may take)."""
+
+    name: str
+    limit: float
+    run: Callable[[float], Outcome]
 
 
 def section(report: Report, title: str) -> None:
@@ -248,45 +296,98 @@ def python_command(*arguments: str) -> list[str]:
     return [sys.executable, *arguments]
 
 
-def correctness(report: Report, budget: Budget) -> Outcome:
-    section(report, "1. correctness: the gpu-marked tests (tests/gpu), limit 150 s")
+def correctness(settings: Settings, report: Report, limit: float) -> Outcome:
+    where = "" if settings.device == "cuda" else " (a rehearsal: those taking `device`, on the CPU)"
+    section(report, f"1. correctness: the gpu-marked tests (tests/gpu){where}, limit {limit:.0f} s")
     command = python_command(
         "-m", "pytest", "-p", "no:cacheprovider", "tests/gpu", "-m", "gpu", "-v", "-s",
-        "--tb=short", "-rfEs",
+        "--tb=short", "-rfEs", *settings.tests,
     )  # fmt: skip
-    outcome = run(command, min(150, budget.left()), report, echo=True)
+    env = {**os.environ, "GPU_CHECK_REHEARSAL": "1" if settings.device == "cpu" else "0"}
+    outcome = run(command, limit, report, echo=True, env=env)
     report.line(f"-- correctness: {outcome.describe()}")
     return outcome
 
 
-def learning(settings: Settings, folder: Path, budget: Budget, report: Report, lines: list[str]):
-    """Train the demo config for settings.learn_minutes, then evaluate it; `lines` receives
-    what the report shows (the caller writes them after the tests' own lines), the last one
-    saying how evaluation ended."""
+def throughput(settings: Settings, report: Report, title: str, bench: str, limit: float) -> Outcome:
+    """scripts/bench_train.py with the settings' options and then `bench`'s (which win)."""
+    section(report, f"{title}, limit {limit:.0f} s")
+    command = python_command(
+        "scripts/bench_train.py", "--device", settings.device, *settings.bench.split(),
+        *bench.split(),
+    )  # fmt: skip
+    outcome = run(command, limit, report, echo=True)
+    report.line(f"-- {title.partition('. ')[2]}: {outcome.describe()}")
+    if not outcome.ok:
+        report.line(tail(outcome.stderr))
+    return outcome
+
+
+def decoding(settings: Settings, report: Report, limit: float) -> Outcome:
+    section(report, f"6. decoding: beam 4, ours against CTranslate2, limit {limit:.0f} s")
+    env = dict(os.environ)
+    found = cublas12_folders()
+    report.line(
+        "libcublas.so.12 (CTranslate2's CUDA build loads it): "
+        + (", ".join(found) if found else "not found on this machine")
+    )
+    if found:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*found, env.get("LD_LIBRARY_PATH", "")])
+    command = python_command(
+        "scripts/bench_decode.py", "--device", settings.device, *settings.decode.split()
+    )
+    outcome = run(command, limit, report, echo=True, env=env)
+    report.line(f"-- decoding: {outcome.describe()}")
+    if not outcome.ok:
+        report.line(tail(outcome.stderr))
+    return outcome
+
+
+THROUGHPUT_FIELDS = re.compile(r" (?:tok/s|mfu|mfu_padded)=\S+")
+
+
+def learning(settings: Settings, folder: Path, report: Report, limit: float) -> Outcome:
+    """Train the demo config for settings.learn_minutes, then evaluate it (in `limit` seconds
+    together); the log lines shown without their throughput fields."""
+    section(
+        report,
+        f"9. learning: the demo config, {settings.learn_minutes:g} min of training on "
+        f"{settings.device}, then its test BLEU, limit {limit:.0f} s (throughput: parts 2-8)",
+    )
+    started = time.monotonic()
     run_dir = folder / "demo"
     train = python_command(
         "-c", TRAIN, "--config-name", "demo", f"run_dir={run_dir}",
         f"data.prepared_dir={folder / 'prepared'}", f"trainer.device={settings.device}",
         "trainer.max_steps=0", f"trainer.max_time_minutes={settings.learn_minutes}",
         "trainer.valid_every=2000", "trainer.checkpoint_every=2000", "trainer.log_every=500",
-        "trainer.progress_bar=false",
+        "trainer.progress_bar=false", *settings.learn.split(),
     )  # fmt: skip
-    trained = run(train, min(60 * settings.learn_minutes + 60, budget.left()), report, echo=False)
-    lines.append(f"$ tmt-train {' '.join(train[3:])}")
+    trained = run(train, max(limit - 45, 1.0), report, echo=False)
+    report.line(f"$ tmt-train {' '.join(train[3:])}")
     keep = ("model:", "update ", "stopped:", "training finished", "ERROR", "Error")
-    lines += [strip_log_prefix(line) for line in trained.stderr if any(k in line for k in keep)]
-    lines.append(f"-- training: {trained.describe()}")
+    for line in trained.stderr:
+        if any(k in line for k in keep):
+            report.line(THROUGHPUT_FIELDS.sub("", strip_log_prefix(line)))
+    report.line(f"-- training: {trained.describe()}")
     if not trained.ok:  # stopped at its limit, it still saved a checkpoint to evaluate
-        lines.append(tail(trained.stderr))
-    if trained.status not in (0, None) or budget.left() < 15:
-        lines.append("-- evaluation: not run")
-        return
-    evaluate = python_command("-c", EVALUATE, f"run_dir={run_dir}", f"device={settings.device}")
-    evaluated = run(evaluate, min(60, budget.left()), report, echo=False)
-    lines += [f"$ tmt-eval run_dir=RUN device={settings.device}", *evaluated.stdout]
+        report.line(tail(trained.stderr))
+    left = limit - (time.monotonic() - started)
+    if trained.status not in (0, None) or left < 15:
+        report.line("-- evaluation: not run")
+        return Outcome(1, time.monotonic() - started)
+    evaluate = python_command(
+        "-c", EVALUATE, f"run_dir={run_dir}", f"device={settings.device}",
+        *settings.evaluate.split(),
+    )  # fmt: skip
+    evaluated = run(evaluate, left, report, echo=False)
+    report.line(f"$ tmt-eval {' '.join(['run_dir=RUN', *evaluate[4:]])}")
+    for line in evaluated.stdout:
+        report.line(line)
     if not evaluated.ok:
-        lines.append(tail(evaluated.stderr))
-    lines.append(f"-- evaluation: {evaluated.describe()}")
+        report.line(tail(evaluated.stderr))
+    report.line(f"-- evaluation: {evaluated.describe()}")
+    return Outcome(0 if trained.ok and evaluated.ok else 1, time.monotonic() - started)
 
 
 def strip_log_prefix(line: str) -> str:
@@ -297,49 +398,66 @@ def strip_log_prefix(line: str) -> str:
     return line
 
 
-def throughput(settings: Settings, model: str, compiled: bool, report, budget) -> Outcome:
-    mode = "trainer.compile=true, ours with either loss" if compiled else "eager, ours and Marian"
-    limit = min(150 if compiled else 110, budget.left())
-    section(
-        report, f"{5 if compiled else 3}. throughput: model={model}, {mode}, limit {limit:.0f} s"
-    )
-    command = python_command(
-        "scripts/bench_train.py", "--device", settings.device, "--model", model,
-        *settings.train_options.split(),
-        *(settings.compiled_steps if compiled else settings.eager_steps).split(),
-        # Eager: the loss over the whole logits (as first shipped), the chunked one, Marian;
-        # compiled: the model compiled with each of the two losses.
-        "--columns", "ours-plain,ours" if compiled else "ours-plain,ours,marian",
-        *(("--compile",) if compiled else ()),
-    )  # fmt: skip
-    outcome = run(command, limit, report, echo=True)
-    report.line(
-        f"-- throughput {model} {'compiled' if compiled else 'eager'}: {outcome.describe()}"
-    )
-    if not outcome.ok:
-        report.line(tail(outcome.stderr))
-    return outcome
+def bench_part(
+    settings: Settings, report: Report, name: str, limit: float, title: str, options: str
+):
+    """A part that runs scripts/bench_train.py with the settings' options and `options`."""
+    return Part(name, limit, functools.partial(throughput, settings, report, title, options))
 
 
-def decoding(settings: Settings, report: Report, budget: Budget) -> Outcome:
-    limit = min(100, budget.left())
-    section(report, f"4. decoding: beam 4, ours against CTranslate2, limit {limit:.0f} s")
-    env = dict(os.environ)
-    found = cublas12_folders()
-    report.line(
-        "libcublas.so.12 (CTranslate2's CUDA build loads it): "
-        + (", ".join(found) if found else "not found on this machine")
-    )
-    if found:
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*found, env.get("LD_LIBRARY_PATH", "")])
-    command = python_command(
-        "scripts/bench_decode.py", "--device", settings.device, *settings.decode_options.split()
-    )
-    outcome = run(command, limit, report, echo=True, env=env)
-    report.line(f"-- decoding: {outcome.describe()}")
-    if not outcome.ok:
-        report.line(tail(outcome.stderr))
-    return outcome
+def core_parts(settings: Settings, report: Report) -> list[Part]:
+    """The core run, in this order: the tests, then the headline figures (compiled, big first)."""
+    compiled, eager = f"--columns ours-compiled {settings.compiled}", settings.eager
+    big, base = settings.big, settings.base
+    return [
+        Part("correctness", 55, functools.partial(correctness, settings, report)),
+        bench_part(
+            settings, report, "throughput big compiled", 70,
+            f"2. throughput: model={big}, trainer.compile=true (ours)",
+            f"--model {big} {compiled}",
+        ),
+        bench_part(
+            settings, report, "throughput base compiled", 46,
+            f"3. throughput: model={base}, trainer.compile=true (ours)",
+            f"--model {base} {compiled}",
+        ),
+        bench_part(
+            settings, report, "throughput base eager", 22,
+            f"4. throughput: model={base}, eager, ours and Marian",
+            f"--model {base} --columns ours,marian {eager}",
+        ),
+        bench_part(
+            settings, report, "throughput big eager", 22,
+            f"5. throughput: model={big}, eager, ours and Marian",
+            f"--model {big} --columns ours,marian {eager}",
+        ),
+        Part("decoding", 25, functools.partial(decoding, settings, report)),
+    ]  # fmt: skip
+
+
+def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
+    """The optional run: one rank's share of a multi-GPU update, the step as first shipped
+    beside today's, learning."""
+    shares = [
+        bench_part(
+            settings, report, f"rank share {tokens} tokens", 90,
+            f"7. one rank's share: model={settings.base}, updates of {tokens:,} target tokens "
+            f"(the paper's 25,000 over {25_000 / tokens:.0f} GPUs), eager and compiled",
+            f"--model {settings.base} --update-tokens {tokens} --columns ours,ours-compiled "
+            f"{settings.compiled}",
+        )
+        for tokens in RANK_SHARES
+    ]  # fmt: skip
+    steps = [
+        bench_part(
+            settings, report, f"first step {role} eager", 40,
+            f"8. the step as first shipped (ours-plain) beside today's: model={model}, eager",
+            f"--model {model} --columns ours-plain,ours {settings.eager}",
+        )
+        for role, model in (("base", settings.base), ("big", settings.big))
+    ]  # fmt: skip
+    learn = Part("learning", 200, functools.partial(learning, settings, folder, report))
+    return [*shares, *steps, learn]
 
 
 def cublas12_folders() -> list[str]:
@@ -355,7 +473,7 @@ def tail(lines: list[str], count: int = 12) -> str:
 
 
 # ---- the whole check -----------------------------------------------------------------------------
-def header(report: Report, args) -> None:
+def header(report: Report, args, budget: float) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else None
     report.line("# make gpu-check (scripts/gpu_check.sh): the CUDA path of transformer_mt")
     report.line(f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
@@ -379,7 +497,10 @@ def header(report: Report, args) -> None:
     else:
         report.line(f"# a CPU rehearsal, no GPU: torch {torch.__version__}")
     versions = [f"{name} {package_version(name)}" for name in ("transformers", "ctranslate2")]
-    report.line(f"# {'; '.join(versions)}; {os.cpu_count()} CPUs; budget {args.budget:.0f} s")
+    report.line(
+        f"# {'; '.join(versions)}; {os.cpu_count()} CPUs; parts: {args.parts}, budget "
+        f"{budget:.0f} s"
+    )
     if device is not None:
         from transformer_mt.train.flops import peak_flops
 
@@ -423,53 +544,34 @@ def package_version(name: str) -> str:
         return "installed"
 
 
+MIN_START = 20.0  # seconds of the budget a part needs left to be started
+
+
+def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list[Part]:
+    core, extra = core_parts(settings, report), extra_parts(settings, report, folder)
+    return {"core": core, "extra": extra, "all": core + extra}[args.parts]
+
+
 def check(args) -> int:
     settings = REHEARSAL if args.rehearse_on_cpu else GPU
-    report = Report(Path(args.output), Path(args.log))
-    budget = Budget(args.budget)
+    # The optional run adds its results to the core run's file.
+    report = Report(Path(args.output), Path(args.log), append=args.parts == "extra")
     started = time.monotonic()
-    header(report, args)
     results: dict[str, Outcome | None] = {}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as folder:
-        learned: list[str] = []
-        learner = threading.Thread(
-            target=learning, args=(settings, Path(folder), budget, report, learned)
-        )
-        learner.start()  # beside the tests, which time nothing
-        results["correctness"] = correctness(report, budget)
-        learner.join()
-        section(
-            report,
-            f"2. learning: the demo config, {settings.learn_minutes:g} min of training on "
-            f"{settings.device} (beside the tests)",
-        )
-        for line in learned:
-            report.line(line)
-        evaluated = bool(learned) and learned[-1].startswith("-- evaluation: done")
-        results["learning"] = Outcome(0 if evaluated else 1, 0.0)
-        for name, part in later_parts(settings, report, budget):
-            if budget.left() < 30:
+        parts = chosen_parts(args, settings, report, Path(folder))
+        limits = [settings.limit or part.limit for part in parts]
+        budget = Budget(args.budget if args.budget is not None else sum(limits))
+        header(report, args, budget.seconds)
+        for part, limit in zip(parts, limits, strict=True):
+            if budget.left() < MIN_START:
                 left = max(budget.left(), 0.0)
-                section(report, f"{name}: not run, {left:.0f} s of the budget left")
-                results[name] = None
+                section(report, f"{part.name}: not run, {left:.0f} s of the budget left")
+                results[part.name] = None
                 continue
-            results[name] = part()
+            results[part.name] = part.run(min(limit, budget.left()))
     summary(report, results, time.monotonic() - started)
     return 0 if all(outcome is not None and outcome.ok for outcome in results.values()) else 1
-
-
-def later_parts(settings: Settings, report: Report, budget: Budget):
-    """Parts 3 to 5 as (name, function), in the order they run: the GPU to themselves."""
-
-    def timed_training(model: str, compiled: bool):
-        name = f"throughput {model} {'compiled' if compiled else 'eager'}"
-        return name, functools.partial(throughput, settings, model, compiled, report, budget)
-
-    return [
-        *(timed_training(model, compiled=False) for model in settings.train_models),
-        ("decoding", functools.partial(decoding, settings, report, budget)),
-        *(timed_training(model, compiled=True) for model in settings.train_models),
-    ]
 
 
 def summary(report: Report, results: dict, seconds: float) -> None:
@@ -490,7 +592,17 @@ def main() -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--probe", action="store_true", help="only say whether a GPU is there")
-    parser.add_argument("--budget", type=float, default=480.0, help="seconds for all parts")
+    parser.add_argument(
+        "--parts",
+        choices=["core", "extra", "all"],
+        default="core",
+        help="core: the tests and the headline figures, 4 minutes; extra: the optional run "
+        "(one rank's share of a multi-GPU update, the losses, learning), its results added to "
+        "the same file; all: both",
+    )
+    parser.add_argument(
+        "--budget", type=float, help="seconds for all parts (default: the sum of their limits)"
+    )
     parser.add_argument(
         "--output", default=os.environ.get("GPU_CHECK_OUTPUT", str(ROOT / "benchmarks/gpu.txt"))
     )

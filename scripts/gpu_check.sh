@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# make gpu-check: the CUDA path in one command of at most 8 minutes (scripts/gpu_check.py says
-# what it measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's output in
-# GPU_CHECK_LOG. Without a CUDA GPU it says so in one line and exits 0.
+# make gpu-check: the CUDA path, a core run of at most 4 minutes (the tests and the headline
+# figures; --parts extra: the optional second run, about 8 minutes; scripts/gpu_check.py says what
+# each part measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's output
+# in GPU_CHECK_LOG. Without a CUDA GPU it says so in one line and exits 0.
 #
 #   bash scripts/gpu_check.sh                    # python: PYTHON, else .venv/bin/python, else python3
+#   bash scripts/gpu_check.sh --parts extra      # the optional run (make gpu-check ARGS=...)
+#   bash scripts/gpu_check.sh --rehearse-on-cpu --parts all   # every part, small, on the CPU
 #   bash scripts/gpu_check.sh --prepare-wheels   # where pip reaches PyPI: fill .whl/ (see below)
 #
 # A machine without a network and without some of our packages (hydra-core, omegaconf, antlr4,
@@ -44,7 +47,11 @@ if [ "${1:-}" = "--prepare-wheels" ]; then
 fi
 
 # No GPU: one line, status 0 (a CI-safe dry run); GPUs that torch cannot use: status 1.
-if [ "${1:-}" != "--rehearse-on-cpu" ]; then
+rehearsal=no
+for argument in "$@"; do
+    [ "$argument" = "--rehearse-on-cpu" ] && rehearsal=yes
+done
+if [ "$rehearsal" = no ]; then
     "$PY" scripts/gpu_check.py --probe
     case $? in
         0) ;;

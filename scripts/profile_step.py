@@ -1,24 +1,31 @@
-"""Where one training update's time goes: the update run once under torch.profiler, its time
-summed by CUDA kernel on a GPU (by operator on the CPU) and grouped into kinds of work.
+"""Where training updates' time goes: PROFILED updates run under torch.profiler (after one
+skipped and one warm-up update: the first profiled step carries the profiler's own set-up), their
+time summed by CUDA kernel on a GPU (by operator on the CPU) and grouped into kinds of work.
 `bench_train.py --profile` prints it under the throughput table, so that an MFU below its target
 comes with its explanation from the same run (`make gpu-check` asks for it).
 
-On a GPU the busy time is the sum of the kernels' times (one stream: they do not overlap), set
-against the update's wall time: a GPU busy much less than the wall time waits for the host
-(kernel launches, Python), which no faster kernel fixes. On the CPU it is the operators' own time
-on the calling thread.
+On a GPU the busy time is the sum of the device's own events (kernels, copies, memsets; one
+stream: they do not overlap), each counted once: the profiler also files a kernel's time under
+the aten operator that launched it (FunctionEvent.kernels), so rows of both kinds summed count it
+twice, as PyTorch's own table avoids by totalling device-type events only. Operators are
+reported apart, by their own CPU time: the host's side. A GPU busy much less than the wall
+time waits for the host (kernel launches, Python), which no faster kernel fixes. On the CPU the
+busy time is the operators' own time on the calling thread, which never exceeds the wall time.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
+from torch.profiler import ProfilerActivity, profile, schedule
 
+SKIPPED, WARMUP, PROFILED = 1, 1, 3  # updates: torch.profiler.schedule's wait, warmup, active
 KINDS = (  # first match wins; CUDA kernel names (cuBLAS, flash attention, Triton) or aten ops
     ("attention", r"flash|fmha|attention|sdpa"),  # before matmul: some are cutlass kernels
     ("matmul", r"gemm|nvjet|cutlass|xmma|cublas|^aten::(mm|addmm|bmm|matmul|linear)$"),
@@ -33,10 +40,12 @@ KINDS = (  # first match wins; CUDA kernel names (cuBLAS, flash attention, Trito
 @dataclass(frozen=True)
 class StepProfile:
     where: str  # "GPU kernels" or "CPU operators"
+    updates: int  # how many updates the times cover
     wall_seconds: float
     busy_seconds: float
     kinds: dict[str, float]  # kind of work -> seconds, "other" included
     top: list[tuple[str, float, int]]  # (kernel or operator, seconds, calls), longest first
+    host: list[tuple[str, float, int]]  # on a GPU: operators by their own CPU time; else empty
 
     def lines(self, what: str) -> list[str]:
         busy = self.busy_seconds or 1e-12
@@ -44,51 +53,97 @@ class StepProfile:
             f"{kind} {seconds / busy:.1%}"
             for kind, seconds in sorted(self.kinds.items(), key=lambda item: -item[1])
         )
-        return [
-            f"  profile, {what}; {self.where} by torch.profiler: {self.wall_seconds:.3f} s wall, "
-            f"busy {self.busy_seconds:.3f} s ({self.busy_seconds / self.wall_seconds:.0%})",
+        lines = [
+            f"  profile, {what}: {self.updates} updates after {SKIPPED} skipped and {WARMUP} "
+            f"warm-up; {self.where} by torch.profiler: {self.wall_seconds:.3f} s wall, busy "
+            f"{self.busy_seconds:.3f} s ({self.busy_seconds / self.wall_seconds:.0%})",
             f"    of the busy time: {kinds}",
             *(
                 f"    {seconds / busy:6.1%} {calls:>6,} calls  {name[:100]}"
                 for name, seconds, calls in self.top
             ),
         ]
+        if self.host:
+            cpu = sum(seconds for _, seconds, _ in self.host)
+            lines.append(
+                f"    host: the longest operators by their own CPU time (shown: {cpu:.3f} s, "
+                f"{cpu / self.wall_seconds:.0%} of the wall time)"
+            )
+            lines += [
+                f"    {seconds:8.4f} s {calls:>6,} calls  {name[:100]}"
+                for name, seconds, calls in self.host
+            ]
+        return lines
 
 
 def kind_of(name: str) -> str:
     return next((kind for kind, pattern in KINDS if re.search(pattern, name, re.I)), "other")
 
 
+def totals(timed: Iterable[tuple[str, float]]) -> list[tuple[str, float, int]]:
+    """(name, seconds, calls) per name of (name, microseconds) pairs, longest first; zeros out."""
+    by_name: dict[str, list[float]] = {}
+    for name, micros in timed:
+        by_name.setdefault(name, []).append(micros)
+    rows = [(name, sum(times) / 1e6, len(times)) for name, times in by_name.items()]
+    return sorted((row for row in rows if row[1] > 0), key=lambda row: -row[1])
+
+
+def device_events(events: Iterable[FunctionEvent]) -> list[tuple[str, float, int]]:
+    """The device's own events (kernels, copies, memsets), each once: not the aten operators
+    that launched them (which carry their kernels' time as well), nor user annotations (a
+    profiler step's span on the GPU's timeline)."""
+    return totals(
+        (event.name, event.self_device_time_total)
+        for event in events
+        if event.device_type == DeviceType.CUDA and not event.is_user_annotation
+    )
+
+
+def host_operators(events: Iterable[FunctionEvent]) -> list[tuple[str, float, int]]:
+    """Operators by their own CPU time (children's excluded, so nested ones are not counted
+    twice), without user annotations (a profiler step's own time is the Python between ops)."""
+    return totals(
+        (event.name, event.self_cpu_time_total)
+        for event in events
+        if event.device_type == DeviceType.CPU and not event.is_user_annotation
+    )
+
+
 def profile_update(update: Callable[[], object], device: torch.device, top: int = 8) -> StepProfile:
-    """Run `update` once under the profiler, waiting for the device before and after."""
+    """Run `update` SKIPPED + WARMUP + PROFILED times under the profiler; the profile of the
+    last PROFILED, whose wall time runs from the device's last kernel before them to its last
+    kernel of theirs (before the profiler stops and collects)."""
     on_gpu = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    if on_gpu:
-        torch.cuda.synchronize(device)
-    with profile(activities=activities) as profiler:
-        started = time.perf_counter()
-        update()
+    steps = SKIPPED + WARMUP + PROFILED
+
+    def wait_for_device() -> float:
         if on_gpu:
             torch.cuda.synchronize(device)
-        wall = time.perf_counter() - started
-    totals = []
-    for event in profiler.key_averages():
-        if on_gpu:  # torch < 2.4 names it self_cuda_time_total
-            micros = getattr(event, "self_device_time_total", None)
-            micros = event.self_cuda_time_total if micros is None else micros
-        else:
-            micros = event.self_cpu_time_total
-        if micros > 0:
-            totals.append((event.key, micros / 1e6, event.count))
-    totals.sort(key=lambda total: -total[1])
+        return time.perf_counter()
+
+    plan = schedule(wait=SKIPPED, warmup=WARMUP, active=PROFILED, repeat=1)
+    with profile(activities=activities, schedule=plan) as profiler:
+        for number in range(steps):
+            if number == SKIPPED + WARMUP:
+                started = wait_for_device()
+            update()
+            if number == steps - 1:
+                wall = wait_for_device() - started
+            profiler.step()
+    events = profiler.events()
+    kernels = device_events(events) if on_gpu else host_operators(events)
     kinds: dict[str, float] = {}
-    for name, seconds, _ in totals:
+    for name, seconds, _ in kernels:
         kind = kind_of(name)
         kinds[kind] = kinds.get(kind, 0.0) + seconds
     return StepProfile(
         "GPU kernels" if on_gpu else "CPU operators",
+        PROFILED,
         wall,
-        sum(seconds for _, seconds, _ in totals),
+        sum(seconds for _, seconds, _ in kernels),
         kinds,
-        totals[:top],
+        kernels[:top],
+        host_operators(events)[:top] if on_gpu else [],
     )

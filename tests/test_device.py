@@ -79,7 +79,51 @@ def test_auto_prefers_cuda_then_apples_gpu_then_the_cpu_and_says_which(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H200")
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
-    monkeypatch.setattr(device, "nvidia_smi", lambda: None)
+    monkeypatch.setattr(device, "nvidia_smi_with_gpus", lambda: None)
     with caplog.at_level("INFO", logger="transformer_mt"):
         assert device.resolve_device("auto").type == expected
     assert f"device=auto: {expected} (" in caplog.text
+
+
+@pytest.fixture(autouse=True)
+def allocator_settings_unset(monkeypatch):
+    """Neither allocator variable set during a test, and whatever a test (or resolve_device
+    inside it) sets undone after it."""
+    for name in device.ALLOCATOR_SETTINGS:
+        monkeypatch.setenv(name, os.environ.get(name, "placeholder"))
+        monkeypatch.delenv(name)
+
+
+def test_expandable_segments_are_asked_for_unless_the_user_configured_the_allocator():
+    environ: dict[str, str] = {}
+    assert device.use_expandable_segments(environ)
+    assert environ == {"PYTORCH_ALLOC_CONF": "expandable_segments:True"}
+    for name in ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF"):  # either name is the user's
+        mine = {name: "max_split_size_mb:128"}
+        assert not device.use_expandable_segments(mine)
+        assert mine == {name: "max_split_size_mb:128"}
+
+
+@pytest.mark.parametrize("name", ["auto", "cuda", "cuda:1"])
+def test_a_cuda_device_gets_expandable_segments_before_cuda_starts(name, monkeypatch):
+    seen_by_cuda = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    # get_device_name is what starts CUDA (and reads the allocator's settings) in resolve_device
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_name",
+        lambda: seen_by_cuda.append(os.environ.get("PYTORCH_ALLOC_CONF")),
+    )
+    assert device.resolve_device(name).type == "cuda"
+    assert os.environ["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert seen_by_cuda in ([], ["expandable_segments:True"])
+
+
+def test_the_cpu_and_a_users_allocator_setting_are_left_alone(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    device.resolve_device("cpu")
+    assert "PYTORCH_ALLOC_CONF" not in os.environ
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.6")
+    device.resolve_device("cuda")
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "garbage_collection_threshold:0.6"
+    assert "PYTORCH_ALLOC_CONF" not in os.environ

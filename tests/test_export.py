@@ -20,6 +20,7 @@ from transformer_mt.commands.export import export
 from transformer_mt.config import DecodeConfig, ExportJob, ModelConfig, Strategy, compose_job
 from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
+from transformer_mt.decode import ctranslate2_backend
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.translator import Translator
@@ -263,3 +264,68 @@ def test_an_export_ctranslate2_cannot_run_on_the_device_is_one_clear_error(
     (run_dir / "checkpoints" / "hf" / "generation_config.json").write_text("{}")
     with pytest.raises(CheckpointError, match="a transformers model"):
         load_translator(run_dir, "hf", decode=GREEDY, device="cpu")
+
+
+class FirstCallFails:
+    """A ctranslate2.Translator whose first translation fails as on a GPU without its
+    libraries (CTranslate2's CUDA build opens cuBLAS only then), or with `error`."""
+
+    error = "Library libcublas.so.12 is not found or cannot be loaded"
+
+    def __init__(self, folder, *, device, **kwargs):
+        self.device = device
+
+    def translate_batch(self, *args, **kwargs):
+        raise RuntimeError(self.error)
+
+
+def test_a_cuda_library_missing_at_the_first_translation_is_one_clear_error(
+    needs_ctranslate2, run_dir, monkeypatch
+):
+    export(ExportJob(run_dir=str(run_dir)))
+    monkeypatch.setattr(needs_ctranslate2, "Translator", FirstCallFails)
+    translator = load_translator(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
+    with pytest.raises(ConfigError) as error:
+        translator.translate(["the dog sees the cat."])
+    message = str(error.value)
+    assert "\n" not in message
+    assert "its CUDA build needs libcublas.so.12" in message
+    assert 'pip install -e ".[export-cuda]" (nvidia-cublas-cu12' in message
+    assert "device=cpu runs it on the CPU" in message
+    assert isinstance(error.value.__cause__, RuntimeError)
+
+
+def test_other_errors_of_a_translation_are_not_renamed(needs_ctranslate2, run_dir, monkeypatch):
+    export(ExportJob(run_dir=str(run_dir)))
+
+    class OutOfMemory(FirstCallFails):
+        error = "CUDA failed with error out of memory"
+
+    monkeypatch.setattr(needs_ctranslate2, "Translator", OutOfMemory)
+    translator = load_translator(run_dir, "ctranslate2", decode=GREEDY, device="cpu")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        translator.translate(["the dog."])
+
+
+def test_the_cuda_12_cublas_wheel_is_loaded_from_the_first_site_folder_with_it(
+    tmp_path, monkeypatch
+):
+    loaded = []
+    monkeypatch.setattr(ctranslate2_backend.ctypes, "CDLL", lambda path, mode: loaded.append(path))
+    folders = [str(tmp_path / name) for name in ("a", "b", "c")]
+    assert ctranslate2_backend.load_cublas12(folders) is None  # no wheel: nothing loaded
+    assert loaded == []
+    for name in ("b", "c"):
+        library = tmp_path / name / "nvidia" / "cublas" / "lib" / "libcublas.so.12"
+        library.parent.mkdir(parents=True)
+        library.write_bytes(b"")
+    expected = tmp_path / "b" / "nvidia" / "cublas" / "lib" / "libcublas.so.12"
+    assert ctranslate2_backend.load_cublas12(folders) == expected
+    assert loaded == [str(expected)]
+
+
+def test_a_cublas_that_does_not_load_is_left_to_the_first_translation_to_name(tmp_path):
+    library = tmp_path / "nvidia" / "cublas" / "lib" / "libcublas.so.12"
+    library.parent.mkdir(parents=True)
+    library.write_bytes(b"not a shared library")
+    assert ctranslate2_backend.load_cublas12([str(tmp_path)]) is None

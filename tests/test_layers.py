@@ -9,7 +9,8 @@ from pathlib import Path
 import transformer_mt
 
 LAYERS = [
-    {"config", "errors", "files", "run_lock", "device"},  # configs, errors, files, locks, devices
+    # configs, errors, files, locks, devices, the torch build for the driver
+    {"config", "errors", "files", "run_lock", "device", "torch_builds"},
     {"data"},  # sources, toy corpus, cleaning, SentencePiece, store, batching
     {"model"},  # pure tensors: encode / decode with a KV cache
     {"checkpoint", "run_dir"},  # the checkpoint format; the run folder's layout

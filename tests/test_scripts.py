@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import FunctionEvent
 
 ROOT = Path(__file__).resolve().parents[1]
 # The runnable ones; scripts/profile_step.py is a module that bench_train.py imports.
@@ -48,7 +52,7 @@ def test_bench_train_runs_ours_and_marian_at_toy_size():
     assert "ours (transformer_mt)" in done.stdout and "marian (transformers" in done.stdout
     assert "ours / marian:" in done.stdout
     profile = done.stdout[done.stdout.index("profile, ours") :].splitlines()
-    assert "CPU operators by torch.profiler" in profile[0]
+    assert "3 updates after 1 skipped and 1 warm-up; CPU operators by torch.profiler" in profile[0]
     assert profile[1].startswith("    of the busy time: ") and "matmul" in profile[1]
     assert any(line.endswith("aten::mm") for line in profile[2:])
 
@@ -116,9 +120,85 @@ def test_bench_data_runs_at_toy_size(tmp_path):
     assert "prepare 3,000 pairs" in done.stdout and "rank 1 of 2 walking" in done.stdout
 
 
+def import_profile_step(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    return importlib.import_module("profile_step")
+
+
+def test_a_kernel_is_counted_once_not_again_under_the_op_that_launched_it(monkeypatch):
+    profile_step = import_profile_step(monkeypatch)
+    mm = FunctionEvent(0, "aten::mm", thread=0, start_us=0, end_us=10, use_device="cuda")
+    mm.append_kernel("sm90_xmma_gemm_bf16", 0, 6)  # the profiler files the kernel under its op
+    gemm = FunctionEvent(
+        1, "sm90_xmma_gemm_bf16", 0, 2, 8, use_device="cuda", device_type=DeviceType.CUDA
+    )
+    step = FunctionEvent(  # a profiler step's span on the GPU's timeline
+        2, "ProfilerStep#3", 0, 0, 12, use_device="cuda", device_type=DeviceType.CUDA,
+        is_user_annotation=True,
+    )  # fmt: skip
+    events = [mm, gemm, step]
+    assert profile_step.device_events(events) == [("sm90_xmma_gemm_bf16", 6e-6, 1)]
+    assert profile_step.host_operators(events) == [("aten::mm", 10e-6, 1)]
+    # What summing every row's own device time gave: the kernel twice, and the step's span.
+    assert sum(event.self_device_time_total for event in events) == 6 + 6 + 12
+
+
+def test_a_cpu_profile_is_never_busier_than_its_wall_time(monkeypatch):
+    profile_step = import_profile_step(monkeypatch)
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 64)
+
+    def update():
+        loss = layer(torch.randn(256, 64)).relu().square().mean()
+        loss.backward()
+
+    profiled = profile_step.profile_update(update, torch.device("cpu"))
+    assert profiled.updates == 3 and profiled.where == "CPU operators"
+    assert 0 < profiled.busy_seconds <= profiled.wall_seconds
+    assert sum(profiled.kinds.values()) == pytest.approx(profiled.busy_seconds)
+    assert "matmul" in profiled.kinds and profiled.host == []
+
+
+NO_GPU_LINE = re.compile(r"gpu-check: no CUDA GPU visible to torch: .+; nothing to measure")
+needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU: the check would run")
+
+
+@needs_no_gpu
 def test_gpu_check_without_a_gpu_says_so_in_one_line():
     done = run("bash", "scripts/gpu_check.sh", timeout=120)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip().splitlines() == [
-        "gpu-check: no CUDA GPU visible (torch.cuda.is_available() is False); nothing to measure"
-    ]
+    (line,) = done.stdout.strip().splitlines()
+    assert NO_GPU_LINE.fullmatch(line), line
+
+
+@needs_no_gpu
+def test_make_gpu_check_without_a_gpu_says_so_in_one_line():
+    venv = Path(sys.executable).parent.parent  # this interpreter's, not a fresh install
+    stamp = venv / ".installed"  # make -o: never (re)install for this target's prerequisite
+    done = run("make", "-s", "-o", str(stamp), f"VENV={venv}", "gpu-check", timeout=120)
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.strip().splitlines()
+    assert NO_GPU_LINE.fullmatch(line), line
+
+
+BUSY = re.compile(r"([\d.]+) s wall, busy ([\d.]+) s")
+
+
+@pytest.mark.slow
+def test_the_cpu_rehearsal_runs_every_part(tmp_path):
+    """Every part of the check, core and optional, as small as the rehearsal makes them, on the
+    CPU: each ends ok, and each profile's busy time is within its wall time. Slow: 183-333 s on a
+    2-core machine shared with other runs, most of it compiling the tiny model four times."""
+    output = tmp_path / "gpu.txt"
+    done = run(
+        "bash", "scripts/gpu_check.sh", "--rehearse-on-cpu", "--parts", "all",
+        "--output", str(output), "--log", str(tmp_path / "gpu_check.log"), timeout=900,
+    )  # fmt: skip
+    report = output.read_text()
+    assert done.returncode == 0, report[-3000:]
+    summary = report[report.index("== summary") :].splitlines()[1:-1]
+    assert len(summary) == 11 and all(" ok, " in line for line in summary), summary
+    profiles = BUSY.findall(report)
+    assert len(profiles) == 8, profiles  # one per bench_train run
+    assert all(float(busy) <= float(wall) for wall, busy in profiles), profiles
+    assert report.count("2 passes over them") == 8 and "pass 1" in report

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import os
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -51,6 +52,17 @@ class Precision(str, Enum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+
+
+class SdpaBackend(str, Enum):
+    """A kernel F.scaled_dot_product_attention may run (torch.nn.attention.SDPBackend), or
+    default: torch's own choice among them (on H100/H200 cuDNN's first, since torch 2.9)."""
+
+    default = "default"
+    flash = "flash"
+    efficient = "efficient"
+    cudnn = "cudnn"
+    math = "math"
 
 
 class ResumeMode(str, Enum):
@@ -269,8 +281,29 @@ class TrainerConfig:
     rank_timeout_minutes: float = 30.0
     """Distributed runs: a rank that waits longer than this for the others in a collective fails
     the job (a hung rank). Data preparation by rank 0 is waited for without this limit."""
+    agree_every: int = 10
+    """Distributed runs: updates between the ranks' agreements on stopping (a stop signal or the
+    time limit on any rank, rank 0's time-based checkpoint), one host all-reduce each. A signal
+    or a clock is acted on at the next agreement, at most agree_every - 1 updates late, by every
+    rank at the same update. One process alone reads its own after every update."""
     loader_workers: int = 1
     """Background processes that collate batches (0: collate in the training process)."""
+    sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.default])
+    """The attention kernels the training step may use, in this order of preference: [default]
+    (torch's own choice), or some of flash, efficient, cudnn, math; e.g. [flash,efficient,math]
+    keeps cuDNN attention out (its backward can give NaN gradients with torch 2.13 on
+    H100/H200: pytorch#196678, README)."""
+
+
+class DecodePrecision(str, Enum):
+    auto = "auto"
+    fp32 = "fp32"
+    bf16 = "bf16"
+
+
+class Quantize(str, Enum):
+    none = "none"
+    int8 = "int8"
 
 
 @dataclass(kw_only=True)
@@ -312,6 +345,21 @@ class DecodeConfig:
     """sample: seed of the translator's own random generator (the global RNG is not used)."""
     batch_tokens: int = 4000
     """Source tokens per decoding batch."""
+    sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.default])
+    """The attention kernels our model's searches may use, as trainer.sdpa_backends ([default]:
+    torch's own choice); a CTranslate2 export has its own."""
+    precision: DecodePrecision = DecodePrecision.auto
+    """What our model computes in while it searches: auto (bf16 autocast on CUDA, fp32
+    elsewhere), fp32, or bf16 (autocast, on any device; on a CPU without bf16 instructions it
+    is slower). fp32 on CUDA multiplies matrices in TF32 (torch.backends.cuda.matmul.allow_tf32,
+    which tmt-eval, tmt-translate and tmt-serve turn on with device.use_cuda_device: 10-bit
+    mantissa inputs, float32 sums). It holds inside an enclosing autocast too. A CTranslate2
+    export computes in its own type (auto only)."""
+    quantize: Quantize = Quantize.none
+    """int8: our model's linear layers and its output projection (the shared embedding) with
+    int8 weights, dynamically quantized when the model is loaded (the checkpoint is unchanged);
+    on the CPU only, in fp32 (not with decode.precision=bf16), each member of an ensemble alike.
+    none: the weights as trained."""
 
     def __post_init__(self) -> None:
         # A number is a float however it was written (`decode.length_penalty=1` composes to 1).
@@ -469,8 +517,21 @@ class ServeJob:
     """The defaults; a request may change the search settings for itself."""
 
 
+def times_ranks(value: float, power: float = 1) -> float:
+    """value x ranks^power, where ranks is the number of processes torchrun started
+    (WORLD_SIZE; 1 without torchrun): the resolver ${tmt.times_ranks:value,power} with which
+    trainer=scaled grows the global batch and the learning rate with the number of GPUs. An int
+    value stays an int with power 1."""
+    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    if isinstance(value, int) and power == 1:
+        return value * ranks
+    return value * ranks**power
+
+
 def register_configs() -> None:
-    """Register the schemas that the YAML files in transformer_mt/configs/ extend."""
+    """Register the schemas that the YAML files in transformer_mt/configs/ extend, and the
+    resolvers they use."""
+    OmegaConf.register_new_resolver("tmt.times_ranks", times_ranks, replace=True)
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainJob)
     store.store(name="eval_schema", node=EvalJob)
@@ -593,6 +654,25 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
     _require(cfg.temperature > 0, f"{key}.temperature", f"must be > 0, got {cfg.temperature}")
     _require(cfg.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0: off), got {cfg.top_k}")
     _require(0.0 < cfg.top_p <= 1.0, f"{key}.top_p", f"must be in (0, 1] (1: off), got {cfg.top_p}")
+    _require(
+        cfg.quantize == Quantize.none or cfg.precision != DecodePrecision.bf16,
+        f"{key}.precision",
+        "bf16 cannot run int8 weights (decode.quantize=int8 computes in fp32): give auto or fp32, "
+        "or decode.quantize=none",
+    )
+    validate_sdpa_backends(cfg.sdpa_backends, f"{key}.sdpa_backends")
+
+
+def validate_sdpa_backends(backends: list[SdpaBackend], key: str) -> None:
+    _require(
+        len(backends) >= 1 and (SdpaBackend.default not in backends or len(backends) == 1),
+        key,
+        f"[default] (torch's own choice) or a list of {', '.join(SDPA_KERNEL_NAMES)}, got "
+        f"[{','.join(backend.value for backend in backends)}]",
+    )
+
+
+SDPA_KERNEL_NAMES = [backend.value for backend in SdpaBackend if backend != SdpaBackend.default]
 
 
 MIN_VOCAB_SIZE = 4 + 256
@@ -662,7 +742,13 @@ def validate_optim(optim: OptimConfig) -> None:
 
 
 def validate_trainer(trainer: TrainerConfig) -> None:
-    for name in ("global_batch_tokens", "batch_tokens", "log_every", "max_nonfinite_updates"):
+    for name in (
+        "global_batch_tokens",
+        "batch_tokens",
+        "log_every",
+        "max_nonfinite_updates",
+        "agree_every",
+    ):
         _require(
             getattr(trainer, name) >= 1,
             f"trainer.{name}",
@@ -692,6 +778,7 @@ def validate_trainer(trainer: TrainerConfig) -> None:
         "trainer.max_steps",
         "no stopping rule: set max_steps, max_epochs or max_time_minutes",
     )
+    validate_sdpa_backends(trainer.sdpa_backends, "trainer.sdpa_backends")
     _require(
         trainer.resume_from is None or trainer.resume != ResumeMode.never,
         "trainer.resume_from",

@@ -6,14 +6,22 @@ import ctypes
 import logging
 import os
 import re
-import shutil
-import subprocess
+from collections.abc import MutableMapping
 from contextlib import AbstractContextManager, nullcontext
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer_mt.config import Precision
+from transformer_mt.config import Precision, SdpaBackend
 from transformer_mt.errors import ConfigError
+from transformer_mt.torch_builds import (
+    CUDA_BUILDS,
+    TORCH_WHEELS,
+    build_for_driver,
+    driver_cuda,
+    nvidia_smi,
+    older_driver,
+)
 
 log = logging.getLogger(__name__)
 
@@ -21,60 +29,76 @@ log = logging.getLogger(__name__)
 def resolve_device(name: str) -> torch.device:
     """'auto' means CUDA when torch can use it, else Apple's GPU (MPS), else the CPU, logged; a
     machine whose NVIDIA GPUs torch cannot use (nvidia-smi lists them, torch sees none) is an
-    error rather than a silent CPU run."""
+    error rather than a silent CPU run. On CUDA, before anything starts it, the allocator is
+    given expandable segments (`use_expandable_segments`)."""
     if name == "auto":
-        if torch.cuda.is_available():
+        if torch.cuda.is_available():  # asks the driver; starts neither CUDA nor its allocator
+            use_expandable_segments(os.environ)
             device, why = torch.device("cuda"), torch.cuda.get_device_name()
         elif torch.backends.mps.is_available():
             device, why = torch.device("mps"), "Apple GPU through Metal (MPS)"
         else:
-            check_no_unusable_gpus(nvidia_smi())
+            check_no_unusable_gpus(nvidia_smi_with_gpus())
             device, why = torch.device("cpu"), "no CUDA or MPS device visible to torch"
         log.info("device=auto: %s (%s)", device, why)
         return device
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        check_no_unusable_gpus(nvidia_smi())
-        raise ConfigError(f"device '{name}': torch {torch.__version__} has no CUDA here")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            check_no_unusable_gpus(nvidia_smi_with_gpus())
+            raise ConfigError(f"device '{name}': torch {torch.__version__} has no CUDA here")
+        use_expandable_segments(os.environ)
     return device
 
 
-def nvidia_smi() -> str | None:
+def nvidia_smi_with_gpus() -> str | None:
     """What `nvidia-smi` prints (its table, then its GPU list), or None where it is not
     installed or fails."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        runs = [
-            subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
-            for command in (["nvidia-smi"], ["nvidia-smi", "-L"])
-        ]
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return "\n".join(runs)
+    table, gpus = nvidia_smi(), nvidia_smi("-L")
+    return None if table is None or gpus is None else f"{table}\n{gpus}"
 
 
 def check_no_unusable_gpus(smi_output: str | None) -> None:
     """ConfigError when nvidia-smi lists GPUs that torch cannot use: the usual cause is a driver
-    older than the CUDA the torch wheel was built for, or a CPU-only wheel."""
+    older than the CUDA the torch wheel was built for, or a CPU-only wheel. The fix it names is
+    the torch build for the driver's CUDA (torch_builds, as make install chooses it)."""
     gpus = re.findall(r"^GPU \d+: (.+?)(?: \(UUID|$)", smi_output or "", re.MULTILINE)
     if not gpus:
         return
-    driver_cuda = re.search(r"CUDA Version: ([\d.]+)", smi_output or "")
+    cuda = driver_cuda(smi_output)
+    driver = f"{cuda[0]}.{cuda[1]}" if cuda else "of an unknown version"
     wheel_cuda = torch.version.cuda
+    wheel = tuple(int(part) for part in wheel_cuda.split(".")[:2]) if wheel_cuda else None
+    too_old = " (a driver older than the wheel's CUDA cannot run it)"
     cause = (
         f"this torch {torch.__version__} is a CPU-only build"
-        if wheel_cuda is None
+        if wheel is None
         else f"this torch {torch.__version__} is built for CUDA {wheel_cuda}, and the driver "
-        f"supports CUDA {driver_cuda.group(1) if driver_cuda else 'of an unknown version'}"
-        " (a driver older than the wheel's CUDA cannot run it)"
+        f"supports CUDA {driver}{too_old if cuda and cuda < wheel else ''}"
     )
+    build = build_for_driver(cuda) if cuda else None
+    if cuda is None:
+        fix = "Install the torch build whose CUDA the driver supports: " + ", ".join(
+            f"{TORCH_WHEELS}/{name} for CUDA {built[0]}.{built[1]} or newer"
+            for name, built, _ in CUDA_BUILDS
+        )
+    elif build is None:
+        fix = older_driver(cuda)
+    elif wheel is not None and build == f"cu{wheel[0]}{wheel[1]}":
+        fix = (
+            "This torch's CUDA build suits the driver: check that CUDA_VISIBLE_DEVICES does not "
+            "hide the GPUs and that this process may open /dev/nvidia*"
+        )
+    else:
+        version = torch.__version__.split("+")[0]
+        fix = (
+            f"Install the build for this driver: pip install torch=={version}+{build} "
+            f"--index-url {TORCH_WHEELS}/{build} (or make clean install TORCH_CUDA={build})"
+        )
     raise ConfigError(
         f"nvidia-smi lists {len(gpus)} GPU(s) ({', '.join(sorted(set(gpus)))}) but torch sees "
-        f"none: {cause}. Install a torch build for this driver (https://pytorch.org/get-started/"
-        "locally/, e.g. pip install torch --index-url https://download.pytorch.org/whl/cu121 for "
-        "a CUDA 12.1 driver) or update the driver; or train on the CPU on purpose with "
-        "trainer.device=cpu (eval and translate: device=cpu)"
+        f"none: {cause}. {fix}; or train on the CPU on purpose with trainer.device=cpu (eval and "
+        "translate: device=cpu)"
     )
 
 
@@ -90,6 +114,63 @@ def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | 
 def autocast_for(device: torch.device, precision: Precision) -> AbstractContextManager:
     dtype = autocast_dtype(device, precision)
     return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
+
+
+SDPA_KERNELS = {
+    SdpaBackend.flash: SDPBackend.FLASH_ATTENTION,
+    SdpaBackend.efficient: SDPBackend.EFFICIENT_ATTENTION,
+    SdpaBackend.cudnn: SDPBackend.CUDNN_ATTENTION,
+    SdpaBackend.math: SDPBackend.MATH,
+}
+
+
+def attention_kernels(backends: list[SdpaBackend]) -> AbstractContextManager:
+    """The kernels F.scaled_dot_product_attention may choose from inside the context, in this
+    order of preference (trainer.sdpa_backends, decode.sdpa_backends); [default] leaves torch's
+    own choice. A kernel that cannot take a call (cuDNN and flash: no fp32; the CPU: flash and
+    math only) is passed over; with none left, SDPA fails ("No viable backend for
+    scaled_dot_product_attention")."""
+    if backends == [SdpaBackend.default]:
+        return nullcontext()
+    return sdpa_kernel([SDPA_KERNELS[backend] for backend in backends], set_priority=True)
+
+
+# The caching allocator's settings: PYTORCH_ALLOC_CONF, or the older name torch still reads
+# (and warns about, since torch 2.9) when the new one is unset.
+ALLOCATOR_SETTINGS = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
+
+
+def use_expandable_segments(environ: MutableMapping[str, str]) -> bool:
+    """Set PYTORCH_ALLOC_CONF=expandable_segments:True in `environ` unless the user configured
+    the allocator (either name, kept as it is); True when set. Batches of varying shapes leave
+    the caching allocator's fixed-size segments fragmented, so a GPU near full memory spends its
+    time freeing and re-allocating them (30% of a step in NVIDIA/NeMo#9061); expandable segments
+    grow in place instead. Torch reads the setting once, when CUDA's allocator starts: call this
+    before anything uses CUDA."""
+    if any(environ.get(name) is not None for name in ALLOCATOR_SETTINGS):
+        return False
+    environ[ALLOCATOR_SETTINGS[0]] = EXPANDABLE_SEGMENTS
+    return True
+
+
+def use_cuda_device(device: torch.device) -> None:
+    """For a run on `device`, where it is a GPU: make it this process's current GPU (where an
+    index is given; otherwise the DataLoader's pin-memory thread and pinned batches create a
+    CUDA context, about 0.5 GB, on GPU 0 too), and let fp32 matrix products use TF32 (logged
+    when it changes the setting: once per process)."""
+    if device.type != "cuda":
+        return
+    if device.index is not None:
+        torch.cuda.set_device(device)
+    if torch.get_float32_matmul_precision() == "highest":  # torch's default: IEEE fp32
+        # fp32 GEMMs (all of them with trainer.precision=fp32; those outside autocast with bf16
+        # or fp16) run at about 1/7 of TF32's rate otherwise (H100: 67 against 495 dense
+        # TFLOP/s). The legacy switch, not `fp32_precision = "tf32"`: it sets the old and the
+        # new setting alike, and torch.compile reads the old one, which raises after the new
+        # one alone was set ("mix of the legacy and new APIs").
+        torch.backends.cuda.matmul.allow_tf32 = True
+        log.info("CUDA: fp32 matrix products in TF32 (10-bit mantissa inputs, fp32 sums)")
 
 
 def keep_freed_host_memory() -> bool:

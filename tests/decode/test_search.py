@@ -366,3 +366,42 @@ def test_the_unknown_piece_is_never_generated(random_model):
         for h in hyps
     ]
     assert outputs and all(UNK not in tokens for tokens in outputs)
+
+
+HOST_READS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+"""The Tensor methods that bring values to the host: on a GPU, each call waits for the device."""
+
+
+def count_host_reads(monkeypatch) -> list[str]:
+    """Record every host read of a tensor from now on (the name of the method called)."""
+    reads = []
+
+    def counting(name: str):
+        read = getattr(torch.Tensor, name)
+
+        def counted(self, *args, **kwargs):
+            reads.append(name)
+            return read(self, *args, **kwargs)
+
+        return counted
+
+    for name in HOST_READS:
+        monkeypatch.setattr(torch.Tensor, name, counting(name))
+    return reads
+
+
+@pytest.mark.parametrize("strategy", ["beam", "greedy"])
+def test_a_search_reads_the_device_once_per_step(random_model, monkeypatch, strategy):
+    """Finished hypotheses, the stopping rule's scores and the rows that end come to the host in
+    one copy per step, not one per value (which on a GPU is one wait for the device each)."""
+    model = random_model(vocab=20, seed=1, sharpen=2.0, eos_bonus=3.0)
+    src = varied_lengths_batch(20, 1)
+    steps = count_decoder_rows(model)
+    reads = count_host_reads(monkeypatch)
+    if strategy == "beam":
+        nbest = beam_search(model, src, beam_size=3, bos_id=BOS, eos_id=EOS, max_len_b=10)
+    else:
+        nbest = [[h] for h in greedy_search(model, src, bos_id=BOS, eos_id=EOS, max_len_b=10)]
+    monkeypatch.undo()
+    assert len(steps) > 3 and sum(len(hyps) for hyps in nbest) >= len(src)
+    assert reads.count("tolist") == len(reads) <= len(steps) + 1  # + 1: the length limits

@@ -1,14 +1,16 @@
 """Translator: text in, text out, on a tiny random model and a small SentencePiece model."""
 
+import dataclasses
 import logging
 import random
 
 import pytest
 import torch
 
-from transformer_mt.config import DecodeConfig, Strategy
+from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, Strategy
 from transformer_mt.data.tokenizer import UNK_ID, Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
+from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translator import Translation, Translator
 from transformer_mt.errors import ConfigError
 
@@ -145,3 +147,66 @@ def test_a_line_break_spelled_in_byte_pieces_does_not_break_the_output_line(make
     ]
     (output,) = translator.translate(["the dog."])  # the model "wrote" a newline and a U+001D
     assert output.splitlines() == [output] and output.split() == ["dog", "dog"]
+
+
+def record_logit_dtypes(model) -> list[torch.dtype]:
+    """The dtype of the logits of every model.decode call from now on (bf16 under CPU autocast,
+    whose linear layers compute in bf16; float32 without it)."""
+    dtypes, decode = [], model.decode
+
+    def recording(tgt_in, encoded, cache=None):
+        logits = decode(tgt_in, encoded, cache)
+        dtypes.append(logits.dtype)
+        return logits
+
+    model.decode = recording
+    return dtypes
+
+
+@pytest.mark.parametrize("strategy", [Strategy.beam, Strategy.greedy, Strategy.sample])
+def test_decode_precision_bf16_searches_under_autocast_and_auto_is_fp32_on_the_cpu(
+    make_translator, strategy
+):
+    translator = make_translator(strategy=strategy, beam_size=2 if strategy == Strategy.beam else 1)
+    dtypes = record_logit_dtypes(translator.backend.model)
+    sentences = sentences_of_shuffled_lengths()
+    assert translator.decode.precision == DecodePrecision.auto
+    translator.translate(sentences)
+    assert set(dtypes) == {torch.float32}
+    dtypes.clear()
+    bf16 = dataclasses.replace(translator.decode, precision=DecodePrecision.bf16)
+    outputs = translator.translate(sentences, decode=bf16)
+    assert set(dtypes) == {torch.bfloat16}
+    assert len(outputs) == len(sentences) and all(outputs)
+
+
+def test_decode_precision_fp32_is_fp32_inside_an_enclosing_autocast(make_translator):
+    """Training's validation translates inside the trainer's autocast: the decode setting wins."""
+    translator = make_translator(beam_size=2)
+    dtypes = record_logit_dtypes(translator.backend.model)
+    fp32 = dataclasses.replace(translator.decode, precision=DecodePrecision.fp32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        translator.translate(["the dog sees a cat."], decode=fp32)
+    assert set(dtypes) == {torch.float32}
+
+
+class Echo:
+    """A search backend that gives each source back, and says nothing of precision or
+    quantization (SearchBackend's defaults: auto, none)."""
+
+    name = "echo"
+    strategies = (Strategy.beam,)
+    max_source_tokens = None
+
+    def search(self, sources, decode):
+        return [[Hypothesis(list(source), 0.0)] for source in sources]
+
+
+def test_a_precision_or_quantization_a_backend_does_not_offer_is_named(tokenizers):
+    translator = Translator(Echo(), tokenizers, DecodeConfig())
+    assert translator.translate(["the dog."]) == ["the dog."]
+    not_offered = r"'decode\.precision': bf16 is not available with a echo model \(auto\)"
+    with pytest.raises(ConfigError, match=not_offered):
+        translator.translate(["the dog."], decode=DecodeConfig(precision=DecodePrecision.bf16))
+    with pytest.raises(ConfigError, match=r"'decode\.quantize': int8 is chosen when the model is"):
+        translator.translate(["the dog."], decode=DecodeConfig(quantize=Quantize.int8))

@@ -1,5 +1,7 @@
 """The CUDA tests (marker `gpu`): collected everywhere, run only where torch sees a GPU
-(`make gpu-check` runs them, scripts/gpu_check.py), skipped elsewhere."""
+(`make gpu-check` runs them, scripts/gpu_check.py), skipped elsewhere. In the check's CPU
+rehearsal (GPU_CHECK_REHEARSAL=1, `gpu_check.sh --rehearse-on-cpu`) the tests that take the
+`device` fixture run on the CPU instead: their code path, before the one run a GPU allows."""
 
 from __future__ import annotations
 
@@ -14,16 +16,25 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 # notes), which it reads when its handle is created: set here, at collection, before any test
 # touches the GPU.
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+REHEARSAL = os.environ.get("GPU_CHECK_REHEARSAL") == "1"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `gpu` are skipped, with the reason, where torch sees no GPU."""
+    """Tests marked `gpu` are skipped, with the reason, where torch sees no GPU (but those that
+    take `device`, in a rehearsal)."""
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="no CUDA GPU visible (torch.cuda.is_available() is False)")
     for item in items:
-        if "gpu" in item.keywords:
+        rehearsed = REHEARSAL and "device" in getattr(item, "fixturenames", ())
+        if "gpu" in item.keywords and not rehearsed:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def device() -> torch.device:
+    """The GPU; the CPU in the check's rehearsal (where torch sees no GPU)."""
+    return torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
 
 @pytest.fixture

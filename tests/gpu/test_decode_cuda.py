@@ -1,19 +1,27 @@
 """Decoding on a GPU, the CUDA counterparts of tests/test_model.py's cache parity and of
-tests/decode: the KV cache under bf16 autocast against the full forward pass, and beam search on
-the GPU against the same search on the CPU."""
+tests/decode: the KV cache under bf16 autocast against the full forward pass, beam search on
+the GPU against the same search on the CPU, and decode.precision: auto is bf16 on CUDA, fp32 is
+TF32, and auto's BLEU is near fp32's."""
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch import Tensor
 
-from transformer_mt.config import ModelConfig
+from transformer_mt.config import DecodeConfig, DecodePrecision, ModelConfig
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.search import beam_search
 from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "decode"))
+from test_quantize import learned_toy_run, test_bleu  # noqa: E402  (the CPU tests' helpers)
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)
@@ -112,3 +120,34 @@ def test_beam_search_on_the_gpu_finds_what_it_finds_on_the_cpu():
         assert gpu[0].score == pytest.approx(cpu[0].score, abs=1e-3)
         assert len(gpu) == len(cpu)
     assert all(hyps and len(hyps[0].tokens) <= 22 for hyps in in_bf16)  # 12 + 10 at most
+
+
+def record_logits_and_tf32(model) -> set[tuple[torch.dtype, bool]]:
+    """(logits dtype, TF32 matmuls on) of every model.decode call from now on."""
+    seen, decode = set(), model.decode
+
+    def recording(tgt_in, encoded, cache=None):
+        logits = decode(tgt_in, encoded, cache)
+        seen.add((logits.dtype, torch.backends.cuda.matmul.allow_tf32))
+        return logits
+
+    model.decode = recording
+    return seen
+
+
+def test_decode_precision_auto_is_bf16_on_cuda_and_its_bleu_is_near_fp32s(tmp_path):
+    run_dir = learned_toy_run(tmp_path, "trainer.device=cuda", "trainer.compile=false")
+    seen, bleu, outputs = {}, {}, {}
+    for precision in (DecodePrecision.auto, DecodePrecision.fp32):
+        decode = DecodeConfig(beam_size=4, precision=precision)
+        translator = load_translator(run_dir, decode=decode, device="cuda")
+        seen[precision] = record_logits_and_tf32(translator.backend.model)
+        bleu[precision], outputs[precision] = test_bleu(translator, run_dir)
+    same = sum(a == b for a, b in zip(*outputs.values(), strict=True))
+    print(f"toy test split on CUDA: BLEU {bleu}; {same} of 100 outputs equal")
+    assert {dtype for dtype, _ in seen[DecodePrecision.auto]} == {torch.bfloat16}
+    assert seen[DecodePrecision.fp32] == {(torch.float32, True)}  # in TF32 (use_cuda_device)
+    assert bleu[DecodePrecision.fp32] > 15
+    # bf16 rounds each matmul's inputs to 8 significant bits (0.4%), less than int8's 7-bit
+    # activations: the bound of tests/decode/test_quantize.py holds a fortiori.
+    assert abs(bleu[DecodePrecision.auto] - bleu[DecodePrecision.fp32]) <= 2.0

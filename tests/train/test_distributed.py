@@ -1,9 +1,11 @@
 """DistributedDataParallel under torchrun (2 CPU processes, gloo) against one process that
-accumulates the same global batch; a 1-process run resumed by 2 processes; and two ranks that
-must agree on when to stop (skewed clocks, a signal that reaches one rank)."""
+accumulates the same global batch; a 1-process run resumed by 2 processes; two ranks that
+must agree on when to stop (skewed clocks, a signal that reaches one rank) and do so once every
+trainer.agree_every updates, with no collective for the update's token count."""
 
 from __future__ import annotations
 
+import json
 import math
 import multiprocessing
 import os
@@ -17,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from transformer_mt.checkpoint import CheckpointFolder, load_checkpoint
 from transformer_mt.commands.train import train
@@ -139,12 +142,14 @@ def rank_process(
     prepare_delay: float = 0.0,
     extra: tuple[str, ...] = (),
     resume_step: int = 0,
+    count_collectives: bool = False,
 ) -> None:
     """One of two gloo ranks, in a spawned process: trains, then writes the update it stopped at
     and why. `clock_speed` makes this rank's clock run faster; `sigterm_at` sends it SIGTERM after
     that update (0: never); `prepare_delay` seconds are added to its data preparation; `extra`:
     overrides of this rank only; `resume_step`: this rank finds step_N.pt as the newest checkpoint
-    (as a stale directory listing on its node would). An error is written to rankN.error."""
+    (as a stale directory listing on its node would); `count_collectives`: see
+    count_update_collectives. An error is written to rankN.error."""
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -152,6 +157,8 @@ def rank_process(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )
+    if count_collectives:
+        count_update_collectives(rank)
     if clock_speed != 1:
         real_clock, start = time.perf_counter, time.perf_counter()
         time.perf_counter = lambda: start + clock_speed * (real_clock() - start)
@@ -164,8 +171,8 @@ def rank_process(
         )
         return reason
 
-    def step_then_signal(trainer, batches):
-        result = train_step(trainer, batches)
+    def step_then_signal(trainer, *args):
+        result = train_step(trainer, *args)
         if trainer.progress.step == sigterm_at:
             os.kill(os.getpid(), signal.SIGTERM)
         return result
@@ -192,6 +199,49 @@ def rank_process(
     except TransformerMTError as error:
         Path(job.run_dir, f"rank{rank}.error").write_text(str(error))
         raise
+
+
+COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "gather", "reduce", "barrier")
+
+
+def count_update_collectives(rank: int) -> None:
+    """In this rank's process: count the torch.distributed collectives called from Python while
+    the update loop runs (Trainer.run_updates: DDP's gradient all-reduces go through C++ and
+    are not among them), check each update's token count against an all-reduce of the collated
+    batches' own (not counted), and write rankN.collectives: updates, collectives, mismatches."""
+    counts: dict = {"updates": 0, "collectives": 0, "mismatches": []}
+    inside = [False]
+    real = {name: getattr(dist, name) for name in COLLECTIVES}
+
+    def counting(name: str):
+        def collective(*args, **kwargs):
+            if inside[0]:
+                counts["collectives"] += 1
+            return real[name](*args, **kwargs)
+
+        return collective
+
+    for name in COLLECTIVES:
+        setattr(dist, name, counting(name))
+    run_updates, train_step = Trainer.run_updates, Trainer.train_step
+
+    def counted_loop(trainer, stream, bar):
+        inside[0] = True
+        try:
+            return run_updates(trainer, stream, bar)
+        finally:
+            inside[0] = False
+            Path(trainer.cfg.run_dir, f"rank{rank}.collectives").write_text(json.dumps(counts))
+
+    def checked_step(trainer, batches, update_tokens=None):
+        collated = torch.tensor([float(sum(b.n_tgt_tokens for b in batches))], dtype=torch.float64)
+        real["all_reduce"](collated, group=trainer.ranks.control)
+        if update_tokens != int(collated.item()):
+            counts["mismatches"].append([trainer.progress.step, update_tokens, collated.item()])
+        counts["updates"] += 1
+        return train_step(trainer, batches, update_tokens)
+
+    Trainer.run_updates, Trainer.train_step = counted_loop, checked_step
 
 
 def run_two_ranks(overrides: list[str], *options: dict, succeed: bool = True) -> None:
@@ -238,15 +288,51 @@ def test_ranks_with_skewed_clocks_stop_at_the_same_update(same_batches, tmp_path
     assert state["progress"]["best_score"] is not None
 
 
-def test_a_signal_to_one_rank_stops_both(same_batches, tmp_path):
+def test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens_alone(
+    same_batches, tmp_path
+):
     run_dir = tmp_path / "run"
-    overrides = [*same_batches, "trainer.max_steps=50", f"run_dir={run_dir}"]
-    run_two_ranks(overrides, {}, {"sigterm_at": 3})  # SIGTERM to rank 1 only, after update 3
-    assert stopped_at(run_dir) == ["3 stop signal (on another rank)", "3 stop signal (SIGTERM)"]
-    assert [path.name for path in sorted((run_dir / "checkpoints").glob("step_*.pt"))] == [
-        "step_3.pt"
+    overrides = [
+        *same_batches,
+        "trainer.max_steps=12",
+        "trainer.agree_every=4",
+        "trainer.checkpoint_every=0",  # no checkpoint (a collective) inside the loop
+        "trainer.checkpoint_every_minutes=0",
+        f"run_dir={run_dir}",
     ]
-    assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 3
+    run_two_ranks(overrides, {"count_collectives": True}, {"count_collectives": True})
+    for rank in range(2):
+        counts = json.loads((run_dir / f"rank{rank}.collectives").read_text())
+        assert counts["updates"] == 12
+        assert counts["mismatches"] == []  # each update's tokens, known without asking
+        assert counts["collectives"] <= 12 // 4, counts  # the agreements at updates 4, 8, 12
+    assert stopped_at(run_dir)[0] == "12 reached trainer.max_steps=12"
+
+
+def last_state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
+
+
+def test_a_signal_to_one_rank_stops_both_at_their_next_agreement_resumably(same_batches, tmp_path):
+    agreeing = [*same_batches, "trainer.agree_every=4"]
+    run_dir = tmp_path / "run"
+    # SIGTERM to rank 1 only, after update 5: both go on to update 8, where they next agree.
+    run_two_ranks([*agreeing, "trainer.max_steps=50", f"run_dir={run_dir}"], {}, {"sigterm_at": 5})
+    assert stopped_at(run_dir) == ["8 stop signal (on another rank)", "8 stop signal (SIGTERM)"]
+    assert [path.name for path in sorted((run_dir / "checkpoints").glob("step_*.pt"))] == [
+        "step_8.pt"
+    ]
+    assert last_state(run_dir)["step"] == 8
+    # Resumed, the two ranks continue exactly as two that were never stopped.
+    run_two_ranks([*agreeing, "trainer.max_steps=10", f"run_dir={run_dir}"], {}, {})
+    run_two_ranks([*agreeing, "trainer.max_steps=10", f"run_dir={tmp_path / 'straight'}"], {}, {})
+    resumed, straight = last_state(run_dir), last_state(tmp_path / "straight")
+    assert resumed["step"] == straight["step"] == 10
+    for name, tensor in straight["model"].items():
+        assert torch.equal(resumed["model"][name], tensor), name
+    for index, moments in straight["optimizer"]["state"].items():
+        for key, tensor in moments.items():
+            assert torch.equal(resumed["optimizer"]["state"][index][key], tensor), (index, key)
 
 
 def test_ranks_wait_for_a_preparation_longer_than_the_rank_timeout(same_batches, tmp_path):

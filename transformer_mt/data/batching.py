@@ -29,11 +29,38 @@ def token_batches(
     rank: int = 0,
     world_size: int = 1,
 ) -> list[np.ndarray]:
-    """This rank's index arrays; a batch's padded size (count x longest side + 1) fits max_tokens.
+    """This rank's index arrays: its share of `epoch_batches`, which deals the batches out in
+    turn (rank r takes batches r, r + world_size, r + 2 world_size, ...)."""
+    batches = epoch_batches(
+        src_lengths,
+        tgt_lengths,
+        max_tokens,
+        seed=seed,
+        epoch=epoch,
+        shuffle=shuffle,
+        world_size=world_size,
+    )
+    return batches[rank::world_size]
+
+
+def epoch_batches(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    max_tokens: int,
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool = True,
+    world_size: int = 1,
+) -> list[np.ndarray]:
+    """Every rank's index arrays of an epoch, in dealing order; a batch's padded size (count x
+    longest side + 1) fits max_tokens. Every rank computes the same list from (seed, epoch), so
+    each knows the others' batches without asking them.
 
     Examples are sorted by source length, then target length (ties broken at random), so that
-    a batch holds similar lengths; the batch order is shuffled from (seed, epoch); every rank gets
-    the same number of batches and every example is in exactly one batch of one rank.
+    a batch holds similar lengths; the batch order is shuffled from (seed, epoch); the count is
+    a multiple of world_size, so every rank gets the same number of batches, and every example
+    is in exactly one batch.
 
     The source length is the first key, as in fairseq: sorted by target length first, every
     batch's targets had one length, and the model learned slower per update (valid perplexity
@@ -49,7 +76,18 @@ def token_batches(
     batches = split_to_multiple(batches, world_size)
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
-    return batches[rank::world_size]
+    return batches
+
+
+def target_tokens_by_turn(
+    batches: list[np.ndarray], tgt_lengths: np.ndarray, world_size: int
+) -> np.ndarray:
+    """Entry i: the target tokens (with EOS, as `collate` counts them) of the ranks' i-th batches
+    of `epoch_batches`' list together, what an update's loss is divided by (int64)."""
+    sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
+    tokens = tgt_lengths[np.concatenate(batches)].astype(np.int64) + 1
+    per_batch = np.add.reduceat(tokens, np.cumsum(sizes) - sizes)  # every batch holds >= 1
+    return per_batch.reshape(-1, world_size).sum(axis=1)
 
 
 def length_order(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:

@@ -9,12 +9,17 @@ start from <s>.
 
 from __future__ import annotations
 
+import ctypes
+import re
+import sys
+from pathlib import Path
+
 import torch
 
-from transformer_mt.config import DecodeConfig, Strategy
+from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, Strategy
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, Tokenizers, vocabulary
 from transformer_mt.decode.search import Hypothesis, length_penalty
-from transformer_mt.errors import TransformerMTError
+from transformer_mt.errors import ConfigError, TransformerMTError
 
 CTRANSLATE2_SPECIALS = ["<blank>", "<unk>", "<s>", "</s>"]
 """CTranslate2's padding, unknown, start and end tokens, at our ids PAD, UNK, BOS, EOS (0-3)."""
@@ -24,10 +29,16 @@ RANKING_PENALTY = 1e-6
 log-probability where it keeps the best beam_size of more (when several finish in its last
 step), closer to fairseq's rule (the first beam_size to finish) than its length ** alpha, which
 favours long ones."""
+CUBLAS12 = "libcublas.so.12"
+"""The cuBLAS CTranslate2's CUDA build opens by name: CUDA 12's, which the `export-cuda` extra
+installs (nvidia-cublas-cu12) and a CUDA 13 torch does not bring."""
+MISSING_LIBRARY = re.compile(r"Library (\S+) is not found or cannot be loaded")
+"""CTranslate2's message for a CUDA library it cannot open."""
 
 
 def import_ctranslate2():
-    """The ctranslate2 module, or an error saying in one line how to install it."""
+    """The ctranslate2 module, or an error saying in one line how to install it. Loads the CUDA
+    12 cuBLAS of the export-cuda extra first, where it is installed (`load_cublas12`)."""
     try:
         import ctranslate2
     except ImportError:
@@ -35,7 +46,45 @@ def import_ctranslate2():
             'ctranslate2 is not installed: pip install -e ".[export]" (or pip install '
             '"ctranslate2>=4") in this environment'
         ) from None
+    load_cublas12(sys.path)
     return ctranslate2
+
+
+def load_cublas12(folders: list[str]) -> Path | None:
+    """Load the nvidia-cublas-cu12 wheel's libcublas.so.12 from the first of `folders` (site
+    folders: sys.path) that has it, and return its path; None where none has it or it does not
+    load. CTranslate2 opens the library by name when it first runs on a GPU: the dynamic loader
+    then finds the one already loaded, but never the wheel's folder, which is on no search path
+    (nor does torch load it: a CUDA 13 torch loads its own CUDA 13 libraries)."""
+    for folder in folders:
+        library = Path(folder or ".") / "nvidia" / "cublas" / "lib" / CUBLAS12
+        if library.is_file():
+            try:
+                ctypes.CDLL(str(library), mode=ctypes.RTLD_GLOBAL)
+            except OSError:  # a first translation on the GPU says what is missing
+                return None
+            return library
+    return None
+
+
+def missing_library_error(error: RuntimeError, device: str) -> ConfigError | None:
+    """The one-line ConfigError for CTranslate2's "Library X is not found or cannot be loaded",
+    naming the library and the fix; None for any other error."""
+    found = MISSING_LIBRARY.search(str(error))
+    if found is None:
+        return None
+    library = found.group(1)
+    fix = (
+        'pip install -e ".[export-cuda]" (nvidia-cublas-cu12, CUDA 12\'s cuBLAS) in this '
+        "environment"
+        if library.startswith("libcublas")
+        else "install the CUDA 12 package that brings it"
+    )
+    return ConfigError(
+        f"CTranslate2 cannot translate on {device}: its CUDA build needs {library}, which it "
+        f"cannot load (a CUDA 13 torch brings CUDA 13's libraries only): {fix}, or device=cpu "
+        "runs it on the CPU"
+    )
 
 
 def ctranslate2_vocabulary(tokenizer: Tokenizer) -> list[str]:
@@ -60,6 +109,8 @@ class CTranslate2Search:
 
     name = "CTranslate2"
     strategies = (Strategy.beam, Strategy.greedy)
+    precisions = (DecodePrecision.auto,)  # it computes in the compute_type it was loaded with
+    quantize = Quantize.none  # int8: tmt-export quantization=int8, or compute_type int8
 
     def __init__(self, engine, tokenizers: Tokenizers, *, max_positions: int):
         """engine: a ctranslate2.Translator; max_positions: the exported model's (source pieces
@@ -79,18 +130,24 @@ class CTranslate2Search:
         limits = (
             (decode.max_len_a * lengths + decode.max_len_b).long().clamp(max=self.max_source_tokens)
         )
-        results = self.engine.translate_batch(
-            [[self.src_pieces[i] for i in s] for s in sources],
-            beam_size=decode.beam_size if beam else 1,
-            num_hypotheses=decode.beam_size if beam else 1,  # every finished one, to re-rank
-            length_penalty=RANKING_PENALTY if beam else 0.0,
-            return_scores=True,
-            return_end_token=True,  # lengths count EOS, as ours do
-            max_input_length=0,  # the Translator truncated them
-            max_decoding_length=int(limits.max()),
-            min_decoding_length=decode.min_len,
-            suppress_sequences=[[piece] for piece in CTRANSLATE2_SPECIALS[:3]],  # PAD UNK BOS
-        )
+        try:
+            results = self.engine.translate_batch(
+                [[self.src_pieces[i] for i in s] for s in sources],
+                beam_size=decode.beam_size if beam else 1,
+                num_hypotheses=decode.beam_size if beam else 1,  # every finished one, to re-rank
+                length_penalty=RANKING_PENALTY if beam else 0.0,
+                return_scores=True,
+                return_end_token=True,  # lengths count EOS, as ours do
+                max_input_length=0,  # the Translator truncated them
+                max_decoding_length=int(limits.max()),
+                min_decoding_length=decode.min_len,
+                suppress_sequences=[[piece] for piece in CTRANSLATE2_SPECIALS[:3]],  # PAD UNK BOS
+            )
+        except RuntimeError as error:  # its CUDA build opens CUDA's libraries at the first call
+            missing = missing_library_error(error, self.engine.device)
+            if missing is None:
+                raise
+            raise missing from error
         alpha = decode.length_penalty if beam else 0.0
         return [
             self.hypotheses(result, limit, RANKING_PENALTY if beam else 0.0, alpha)

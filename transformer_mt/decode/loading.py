@@ -16,12 +16,12 @@ import torch
 
 from transformer_mt.checkpoint import CheckpointRecord, load_checkpoint, model_from_checkpoint
 from transformer_mt.checkpoint.folder import LAST
-from transformer_mt.config import DataConfig, DecodeConfig
+from transformer_mt.config import DataConfig, DecodeConfig, Quantize
 from transformer_mt.data.tokenizer import Tokenizers, load_tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
 from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import Translator
-from transformer_mt.device import resolve_device
+from transformer_mt.device import resolve_device, use_cuda_device
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.files import file_sha256
 from transformer_mt.model import Transformer
@@ -82,11 +82,13 @@ def load_translator(
         log.info("translating with %s (update %d)", member.path, member.step)
     paths, steps = [str(m.path.resolve()) for m in members], [m.step for m in members]
     one = len(members) == 1
+    target = resolve_device(device)
+    use_cuda_device(target)  # its GPU, and TF32 for decode.precision=fp32
     return Translator.for_model(
         Ensemble([m.model for m in members]),
         members[0].tokenizers,
         decode,
-        resolve_device(device),
+        target,
         unicode_form=members[0].data.unicode_form,
         origin={"checkpoint": paths[0] if one else paths, "step": steps[0] if one else steps},
     )
@@ -136,6 +138,13 @@ def translator_from_export(
     """A Translator over the model folder tmt-export wrote. compute_type: CTranslate2's (default:
     the type the weights were stored in; int8, float32, ...). threads: CPU threads (0: as many as
     torch uses)."""
+    decode = decode or DecodeConfig()
+    if decode.quantize != Quantize.none:
+        raise ConfigError(
+            f"config key 'decode.quantize': {decode.quantize.value} is for transformer_mt "
+            "checkpoints; a CTranslate2 export computes in int8 when tmt-export wrote it with "
+            "quantization=int8"
+        )
     ctranslate2 = import_ctranslate2()
     folder = Path(folder)
     if (folder / "generation_config.json").is_file():
@@ -167,7 +176,7 @@ def translator_from_export(
     return Translator(
         backend,
         tokenizers,
-        decode or DecodeConfig(),
+        decode,
         unicode_form=info["unicode_form"],
         origin={"checkpoint": str(folder.resolve()), "format": "ctranslate2"},
     )

@@ -24,10 +24,16 @@ before its best hypothesis finishes. With alpha = 0 a beam of one is exactly gre
 Every search runs an `Ensemble`: a single model is the ensemble of one. Members keep their own
 encoder output and KV cache (`Decoders`), pruned and reordered together; the next-token
 distribution is the mean of the members' probabilities (`combined_logits`).
+
+What the loops decide on the host (which rows ended, which sentences are done, the tokens of a
+finished hypothesis) comes from the device in one copy per step (`host_values`): on a GPU each
+value read on its own is a wait for the device. The tokens generated so far are kept on the host
+for that reason, row by row; the device holds only each row's last token.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -139,10 +145,19 @@ def combined_logits(logits: list[Tensor]) -> tuple[Tensor, Tensor]:
     return combined, combined.new_full(combined.shape[:1], math.log(len(logits)))
 
 
+def host_values(*tensors: Tensor) -> list[list[float]]:
+    """Each tensor's values, flattened, as a list of Python floats: all of them in one copy from
+    the device (one `.tolist()`). Through float32 (MPS has no float64): float32 values come back
+    exact, integers too below 2 ** 24 (token ids, rows and lengths are far smaller)."""
+    values = torch.cat([t.reshape(-1).float() for t in tensors]).tolist()
+    ends = itertools.accumulate(t.numel() for t in tensors)
+    return [values[end - t.numel() : end] for t, end in zip(tensors, ends, strict=True)]
+
+
 def next_token_logits(
     decoders: Decoders,
     last: Tensor,
-    at_limit: Tensor,
+    at_limit: Tensor | None,
     *,
     step: int,
     min_len: int,
@@ -155,16 +170,17 @@ def next_token_logits(
     logits - normaliser[:, None], without renormalising over the tokens left.
 
     Banned: PAD, BOS and (given unk_id) the unknown piece; EOS before min_len generated tokens;
-    anything but EOS in rows `at_limit` (N,). The limit wins over min_len.
+    anything but EOS in rows `at_limit` (N,). The limit wins over min_len. at_limit None: no row
+    is at its limit (the searches know it on the host).
     """
     logits, normaliser = decoders.next_logits(last)  # (N, V), (N,)
-    eos = logits[:, eos_id].clone()
+    eos = logits[:, eos_id].clone() if at_limit is not None else None
     pad_id = decoders.models[0].pad_id
     banned = [pad_id, bos_id] if unk_id is None else [pad_id, bos_id, unk_id]
     logits[:, banned] = -torch.inf
     if step < min_len:
         logits[:, eos_id] = -torch.inf
-    if bool(at_limit.any()):
+    if at_limit is not None:
         logits[at_limit] = -torch.inf
         logits[at_limit, eos_id] = eos[at_limit]
     return logits, normaliser
@@ -199,16 +215,18 @@ def single_path_search(
     probable; sampling: a draw); scored by the model's log-probabilities. A row leaves the batch
     at its EOS."""
     decoders = as_ensemble(model).start(src)
-    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)
-    sentence = torch.arange(src.shape[0], device=src.device)  # input index of each live row
-    tokens = torch.full((src.shape[0], 1), bos_id, dtype=torch.long, device=src.device)
+    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)  # (N,)
+    row_limits = [int(limit) for limit in host_values(limits)[0]]
+    sentence = list(range(src.shape[0]))  # input index of each live row
+    generated: list[list[int]] = [[] for _ in sentence]  # each live row's tokens after BOS
+    last = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)
     scores = torch.zeros(src.shape[0], device=src.device)
     results: list[Hypothesis | None] = [None] * src.shape[0]
-    for step in range(int(limits.max())):
+    for step in range(max(row_limits)):
         logits, normaliser = next_token_logits(
             decoders,
-            tokens[:, -1:],
-            step + 1 >= limits,
+            last[:, None],
+            step + 1 >= limits if step + 1 >= min(row_limits) else None,
             step=step,
             min_len=min_len,
             bos_id=bos_id,
@@ -216,19 +234,25 @@ def single_path_search(
             unk_id=unk_id,
         )
         log_probs = logits - normaliser.unsqueeze(1)  # (N, V)
-        token = choose(log_probs)  # (N,)
-        scores = scores + log_probs.gather(1, token[:, None]).squeeze(1)
-        tokens = torch.cat([tokens, token[:, None]], dim=1)  # (N, step + 2)
-        ended = token == eos_id
-        if not bool(ended.any()):
-            continue
-        for row in torch.nonzero(ended).view(-1).tolist():
-            results[int(sentence[row])] = Hypothesis(tokens[row, 1:-1].tolist(), float(scores[row]))
-        live = torch.nonzero(~ended).view(-1)
-        if live.numel() == 0:
+        last = choose(log_probs)  # (N,)
+        scores = scores + log_probs.gather(1, last[:, None]).squeeze(1)
+        tokens, row_scores = host_values(last, scores)
+        live = []
+        for row, (token, score) in enumerate(zip(tokens, row_scores, strict=True)):
+            if token == eos_id:
+                results[sentence[row]] = Hypothesis(generated[row], score)
+            else:
+                generated[row].append(int(token))
+                live.append(row)
+        if not live:
             break
-        tokens, scores, limits, sentence = tokens[live], scores[live], limits[live], sentence[live]
-        decoders.keep(live)
+        if len(live) < len(sentence):
+            index = torch.tensor(live, dtype=torch.long, device=src.device)
+            last, scores, limits = last[index], scores[index], limits[index]
+            decoders.keep(index)
+            sentence, generated, row_limits = (
+                [values[row] for row in live] for values in (sentence, generated, row_limits)
+            )
     return results  # every row ends by its limit, where only EOS may follow
 
 
@@ -291,19 +315,35 @@ def survivors(
     return scores, rows, token.gather(1, pick).view(-1)
 
 
+@dataclass(frozen=True)
+class StepOnHost:
+    """What the beam search loop reads of one step, copied from the device at once: of each
+    sentence's best k candidates (k = the beams per sentence), flattened row by row (B*K,),
+    their scores, origin beams and tokens; the best live score of each sentence (B,); and the
+    survivors' origin rows and tokens (B*K,), as `survivors` gives them."""
+
+    cand_scores: list[float]
+    origin: list[float]
+    token: list[float]
+    best_live: list[float]
+    rows: list[float]
+    next_token: list[float]
+
+
 def ended_hypotheses(
-    tokens: Tensor, cand_scores: Tensor, origin: Tensor, token: Tensor, eos_id: int, penalty: float
+    step: StepOnHost, prefixes: list[list[int]], eos_id: int, penalty: float
 ) -> list[tuple[int, Hypothesis]]:
-    """(sentence row, hypothesis) for the candidates among each row's best k (k = the beams per
-    sentence) that end in EOS, best first within a row; scores divided by the length penalty."""
-    k = tokens.shape[0] // cand_scores.shape[0]
-    ends = (token[:, :k] == eos_id) & torch.isfinite(cand_scores[:, :k])
-    if not bool(ends.any()):
-        return []
+    """(sentence row, hypothesis) for the candidates among each row's best k that end in EOS,
+    best first within a row; scores divided by the length penalty. prefixes: each beam row's
+    tokens so far (B*K lists)."""
+    k = len(prefixes) // len(step.best_live)
     ended = []
-    for b, j in torch.nonzero(ends).tolist():
-        prefix = tokens[b * k + int(origin[b, j]), 1:].tolist()
-        ended.append((b, Hypothesis(prefix, float(cand_scores[b, j]) / penalty)))
+    for index, (score, beam, token) in enumerate(
+        zip(step.cand_scores, step.origin, step.token, strict=True)
+    ):
+        if token == eos_id and math.isfinite(score):
+            b = index // k
+            ended.append((b, Hypothesis(prefixes[b * k + int(beam)], score / penalty)))
     return ended
 
 
@@ -331,20 +371,23 @@ def beam_search(
     """
     k = beam_size
     decoders = as_ensemble(model).start(src)
-    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)
+    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)  # (B,)
+    sentence_limits = [int(limit) for limit in host_values(limits)[0]]
+    beam_limits = limits.repeat_interleave(k)  # (B*K,)
     decoders.repeat_beams(k)  # cross-attention once per sentence, then shared by its beams
-    tokens = torch.full((src.shape[0] * k, 1), bos_id, dtype=torch.long, device=src.device)
+    last = torch.full((src.shape[0] * k,), bos_id, dtype=torch.long, device=src.device)
+    prefixes: list[list[int]] = [[] for _ in range(src.shape[0] * k)]  # each row's tokens so far
     scores = torch.full((src.shape[0], k), -torch.inf, device=src.device)
     scores[:, 0] = 0.0  # at the start all beams are the same: expand only the first
     sentence = list(range(src.shape[0]))  # input index of each live sentence
     done = [False] * src.shape[0]
     finished: list[list[Hypothesis]] = [[] for _ in sentence]
-    for step in range(int(limits.max())):
-        at_limit = step + 1 >= limits  # (B,)
+    for step in range(max(sentence_limits)):
+        at_limit = [step + 1 >= limit for limit in sentence_limits]
         logits, normaliser = next_token_logits(
             decoders,
-            tokens[:, -1:],
-            at_limit.repeat_interleave(k),
+            last[:, None],
+            step + 1 >= beam_limits if any(at_limit) else None,
             step=step,
             min_len=min_len,
             bos_id=bos_id,
@@ -354,41 +397,60 @@ def beam_search(
         cand_scores, origin, token = beam_step(
             logits.view(len(sentence), k, -1), normaliser.view(len(sentence), k), scores, 2 * k
         )
-        penalty = length_penalty(step + 1, alpha)
-        for b, hypothesis in ended_hypotheses(tokens, cand_scores, origin, token, eos_id, penalty):
-            if not done[b]:
-                kept = finished[sentence[b]]
-                kept.append(hypothesis)
-                kept.sort(key=lambda h: h.score, reverse=True)
-                del kept[k:]
         scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
+        on_host = StepOnHost(
+            *host_values(
+                cand_scores[:, :k], origin[:, :k], token[:, :k], scores[:, 0], rows, next_token
+            )
+        )
+        penalty = length_penalty(step + 1, alpha)
+        for b, hypothesis in ended_hypotheses(on_host, prefixes, eos_id, penalty):
+            if not done[b]:
+                keep_best(finished[sentence[b]], hypothesis, k)
         done = [
             d
             or at
             or sentence_done(finished[sentence[b]], best, step + 2, limit, alpha, k, stop_early)
             for b, (d, at, best, limit) in enumerate(
-                zip(done, at_limit.tolist(), scores[:, 0].tolist(), limits.tolist(), strict=True)
+                zip(done, at_limit, on_host.best_live, sentence_limits, strict=True)
             )
         ]
         if all(done):
             break
+        kept_rows = range(len(prefixes))
         if prune_finished and any(done):
             live = [b for b, d in enumerate(done) if not d]
             keep = beam_rows(live, k, src.device)
-            scores, rows, next_token, limits = (
+            scores, rows, last, beam_limits = (
                 scores[live],
                 rows[keep],
                 next_token[keep],
-                limits[live],
+                beam_limits[keep],
             )
             # A survivor's origin row lies in its own sentence, whose rows share the encoder
             # output and cross-attention keys and values: one index reorders and prunes.
             decoders.keep(rows)
-            sentence, done = [sentence[b] for b in live], [False] * len(live)
+            kept_rows = [b * k + j for b in live for j in range(k)]
+            sentence, sentence_limits = (
+                [sentence[b] for b in live],
+                [sentence_limits[b] for b in live],
+            )
+            done = [False] * len(live)
         else:
             decoders.reorder(rows)
-        tokens = torch.cat([tokens[rows], next_token[:, None]], dim=1)  # (B*K, step + 2)
+            last = next_token
+        prefixes = [
+            prefixes[int(on_host.rows[i])] + [int(on_host.next_token[i])] for i in kept_rows
+        ]  # (B*K lists, step + 1 tokens each)
     return finished  # each list kept best first
+
+
+def keep_best(kept: list[Hypothesis], hypothesis: Hypothesis, k: int) -> None:
+    """Add `hypothesis` to a sentence's finished ones, keeping the best k, best first (ties: the
+    earlier first)."""
+    kept.append(hypothesis)
+    kept.sort(key=lambda h: h.score, reverse=True)
+    del kept[k:]
 
 
 def sentence_done(

@@ -4,9 +4,11 @@ The Translator prepares text the same way whatever runs the search: normalisatio
 batches under decode.batch_tokens; our model takes sources of any length, an export's backend
 may have a limit (CTranslate2's: its position table), to which sources are cut with a warning.
 The decode settings are an argument of each call (the Translator keeps defaults for calls that
-pass none), so one Translator serves requests with any settings. The backend turns one batch of
-source piece ids into n-best lists: `ModelSearch` runs our model with decode/search.py and
-decode/sampling.py; `ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export.
+pass none), so one Translator serves requests with any settings, but decode.quantize, which is
+chosen when the model is loaded. The backend turns one batch of source piece ids into n-best
+lists: `ModelSearch` runs our model with decode/search.py and decode/sampling.py, in the call's
+decode.precision (`decoding_precision`), int8 with decode/quantize.py;
+`ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export.
 decode/loading.py builds a Translator from a run folder or an export.
 """
 
@@ -19,11 +21,20 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
+from torch import Tensor
 
-from transformer_mt.config import DecodeConfig, Strategy, validate_decode
+from transformer_mt.config import (
+    DecodeConfig,
+    DecodePrecision,
+    Precision,
+    Quantize,
+    Strategy,
+    validate_decode,
+)
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
+from transformer_mt.decode.quantize import Int8Transformer
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
     Ensemble,
@@ -32,6 +43,7 @@ from transformer_mt.decode.search import (
     beam_search,
     greedy_search,
 )
+from transformer_mt.device import attention_kernels, autocast_dtype
 from transformer_mt.errors import ConfigError
 from transformer_mt.model import Transformer
 
@@ -39,7 +51,9 @@ log = logging.getLogger(__name__)
 
 
 class SearchBackend(Protocol):
-    """What runs the search for a Translator."""
+    """What runs the search for a Translator. Two attributes may be left out (`backend_offers`):
+    precisions, the decode.precision values it offers (without it: auto only), and quantize,
+    the decode.quantize it was built with, the same for every call (without it: none)."""
 
     name: str
     strategies: tuple[Strategy, ...]  # the decode strategies it offers
@@ -53,6 +67,15 @@ class SearchBackend(Protocol):
         """Sample from `seed` afresh (tmt-serve does it before each sampling request); a backend
         without Strategy.sample has nothing to reseed."""
         ...
+
+
+def backend_offers(backend: SearchBackend) -> tuple[tuple[DecodePrecision, ...], Quantize]:
+    """The backend's decode.precision values and the decode.quantize it was built with, with
+    SearchBackend's defaults for a backend that leaves them out."""
+    return (
+        getattr(backend, "precisions", (DecodePrecision.auto,)),
+        getattr(backend, "quantize", Quantize.none),
+    )
 
 
 @runtime_checkable
@@ -70,21 +93,45 @@ class AttentionReader(Protocol):
         ...
 
 
+def decoding_precision(device: torch.device, precision: DecodePrecision) -> torch.autocast:
+    """decode.precision around a search: bf16 autocast (auto: on CUDA only), or autocast off, so
+    that fp32 is fp32 inside an enclosing autocast too (training's validation)."""
+    dtype = autocast_dtype(device, Precision(precision.value))
+    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+
+
 class ModelSearch:
     """Our model, or an Ensemble of ours, with our searches: beam, greedy, and sampling from its
     own generator (the same calls give the same output; the global RNG is not touched).
     Attention of an ensemble: the members' cross-attention maps averaged (as fairseq's
-    EnsembleModel averages them), each member's `layer` counted in its own decoder."""
+    EnsembleModel averages them), each member's `layer` counted in its own decoder.
+    quantize=int8: each member searches as an int8 copy of itself (decode/quantize.py)."""
 
     name = "transformer_mt"
     strategies = (Strategy.beam, Strategy.greedy, Strategy.sample)
+    precisions = tuple(DecodePrecision)
 
     def __init__(
-        self, model: Transformer | Ensemble, device: torch.device, *, sampling_seed: int = 1
+        self,
+        model: Transformer | Ensemble,
+        device: torch.device,
+        *,
+        sampling_seed: int = 1,
+        quantize: Quantize = Quantize.none,
     ):
-        self.ensemble = as_ensemble(model)
-        for member in self.ensemble.models:
+        if quantize == Quantize.int8 and device.type != "cpu":
+            raise ConfigError(
+                f"config key 'decode.quantize': int8 runs on the CPU only, not on {device} "
+                "(PyTorch's int8 kernels are CPU ones); on a GPU decode.precision=auto (bf16) "
+                "is the fast setting"
+            )
+        members = as_ensemble(model).models
+        for member in members:
             member.to(device).eval()
+        if quantize == Quantize.int8:
+            log.info("decode.quantize=int8: the model's linear layers searching with int8 weights")
+            members = [Int8Transformer(member) for member in members]
+        self.ensemble, self.quantize = Ensemble(members), quantize
         self.model, self.device = self.ensemble.models[0], device  # model: the first member
         self.max_source_tokens = None  # the model's positions grow to any length
         self.decoder_layers = min(len(member.decoder) for member in self.ensemble.models)
@@ -107,6 +154,16 @@ class ModelSearch:
             "eos_id": EOS_ID,
             "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
         }
+        with (
+            decoding_precision(self.device, decode.precision),
+            attention_kernels(decode.sdpa_backends),
+        ):
+            return self.strategy_search(src, decode, common)
+
+    def strategy_search(
+        self, src: Tensor, decode: DecodeConfig, common: dict
+    ) -> list[list[Hypothesis]]:
+        """decode.strategy's search of src (B, S), with the settings all of them take."""
         if decode.strategy == Strategy.greedy:
             return [[h] for h in greedy_search(self.ensemble, src, **common)]
         if decode.strategy == Strategy.sample:
@@ -203,8 +260,8 @@ class Translator:
         origin: dict | None = None,
     ) -> Translator:
         """A Translator that searches with `model` (or an Ensemble) on `device` (sampling from
-        decode.seed)."""
-        backend = ModelSearch(model, device, sampling_seed=decode.seed)
+        decode.seed; int8 copies of it with decode.quantize=int8)."""
+        backend = ModelSearch(model, device, sampling_seed=decode.seed, quantize=decode.quantize)
         return cls(backend, tokenizers, decode, unicode_form=unicode_form, origin=origin)
 
     def checked(self, decode: DecodeConfig | None) -> DecodeConfig:
@@ -213,11 +270,17 @@ class Translator:
         if decode is None:
             return self.decode
         validate_decode(decode)
-        if decode.strategy not in self.backend.strategies:
-            offered = " or ".join(s.value for s in self.backend.strategies)
+        precisions, quantize = backend_offers(self.backend)
+        for key, offered in (("strategy", self.backend.strategies), ("precision", precisions)):
+            if getattr(decode, key) not in offered:
+                raise ConfigError(
+                    f"config key 'decode.{key}': {getattr(decode, key).value} is not available "
+                    f"with a {self.backend.name} model ({' or '.join(o.value for o in offered)})"
+                )
+        if decode.quantize != quantize:
             raise ConfigError(
-                f"config key 'decode.strategy': {decode.strategy.value} is not available with a "
-                f"{self.backend.name} model ({offered})"
+                f"config key 'decode.quantize': {decode.quantize.value} is chosen when the model "
+                f"is loaded; this {self.backend.name} model was loaded with {quantize.value}"
             )
         return decode
 

@@ -3,8 +3,11 @@
 `torchrun` (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT)
 starts one process per device; a plain `tmt-train` is one rank of a world of one. Gradients are
 averaged by DistributedDataParallel over the main group (NCCL on GPUs, gloo on CPUs). Decisions the
-ranks must share (token counts, a signal, a time-based checkpoint) go over a second, gloo group on
-CPU tensors, so agreeing on them never waits for the GPU.
+ranks must share (a stop signal, the time limit, a time-based checkpoint: agreed every
+trainer.agree_every updates) go over a second, gloo group on CPU tensors, so agreeing on them
+never waits for the GPU. What every rank can work out alone is not sent: an update's target
+tokens on all ranks come from the epoch's batches, which every rank computes whole
+(data/batching.epoch_batches).
 
 Gloo (the control group, and on CPUs the main group too) binds the address that this machine's
 host name resolves to. Debian and Ubuntu map the host name to 127.0.1.1 in /etc/hosts (so do some
@@ -37,7 +40,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from transformer_mt.device import resolve_device
+from transformer_mt.data.batching import BatchPlan
+from transformer_mt.device import resolve_device, use_cuda_device
 from transformer_mt.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -105,11 +109,14 @@ class Ranks:
 
 
 def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks, torch.device]:
-    """This process's rank and device; joins the process group when launched by torchrun.
-    A collective that waits longer than `timeout_minutes` for another rank fails the job."""
+    """This process's rank and device (a GPU made the current one: device.use_cuda_device);
+    joins the process group when launched by torchrun. A collective that waits longer than
+    `timeout_minutes` for another rank fails the job."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
-        return Ranks(), resolve_device(device_name)
+        device = resolve_device(device_name)
+        use_cuda_device(device)
+        return Ranks(), device
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = resolve_device(device_name)
     if device.type == "cuda":
@@ -125,7 +132,7 @@ def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks,
                 f"NPROC={torch.cuda.device_count()}, or torchrun --nproc-per-node)"
             )
         device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
+        use_cuda_device(device)  # before NCCL starts
     backend = "nccl" if device.type == "cuda" else "gloo"
     use_gloo_interface(os.environ, log_it=local_rank == 0)
     timeout = datetime.timedelta(minutes=timeout_minutes)
@@ -214,6 +221,30 @@ def interface_holding(address: str) -> str | None:
             if reply[20:24] == parsed.packed:  # struct ifreq: name[16], sockaddr_in (addr at 4)
                 return name
     return None
+
+
+# Padded tokens per micro-batch below which a GPU waits on the host (an estimate from reading,
+# not a measurement): an eager micro-batch launches about 1,100 kernels, 11-17 ms of host time,
+# while 3,500 tokens are 6-8 ms of an H200's work for the base model; the work grows with the
+# tokens and outlasts the launches from about 8,000 on. Compiling launches 3-5x fewer kernels.
+LAUNCH_BOUND_TOKENS = 8_000
+
+
+def small_micro_batch_warning(plan: BatchPlan, device: torch.device) -> str | None:
+    """What to say when several GPUs share an update so small that each rank's micro-batch is
+    below LAUNCH_BOUND_TOKENS; None otherwise (one rank, a CPU, or large enough)."""
+    if plan.world_size == 1 or device.type != "cuda":
+        return None
+    if plan.micro_batch_tokens >= LAUNCH_BOUND_TOKENS:
+        return None
+    return (
+        f"each of the {plan.world_size} ranks gets micro-batches of "
+        f"{plan.micro_batch_tokens:,} padded tokens, below {LAUNCH_BOUND_TOKENS:,}: a GPU then "
+        "finishes its kernels faster than the host launches them (launch-bound), and more GPUs "
+        "add little speed. Give each GPU more tokens: trainer=scaled (the global batch and the "
+        "learning rate grown with the number of GPUs), or a larger trainer.global_batch_tokens "
+        "(and trainer.batch_tokens where it caps the micro-batch), or fewer GPUs"
+    )
 
 
 def stop_ranks(ranks: Ranks) -> None:

@@ -3,10 +3,15 @@ counted on the device so that no update waits for the host."""
 
 from __future__ import annotations
 
+import contextlib
 import math
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+
+from transformer_mt.train.flops import Flops
 
 
 class NonFiniteUpdates:
@@ -40,28 +45,31 @@ class StepStats:
     grad_norm: torch.Tensor  # before clipping
     tokens: float  # target tokens of the update, all ranks together
     padding: float  # share of this rank's source and target positions that are padding
-    flops: float  # this rank's model FLOPs
+    flops: Flops  # this rank's model FLOPs, on real tokens and on padded shapes
 
 
 @dataclass(frozen=True)
 class WindowStats:
     """The updates since the last log: token-weighted loss, throughput, FLOP/s, and model FLOPs
-    utilisation on a GPU whose peak is known."""
+    utilisation on a GPU whose peak is known: on the real tokens (mfu), and beside it on the
+    padded shapes the kernels ran (mfu_padded)."""
 
     loss: float
     nll: float
     lr: float
     grad_norm: float  # of the window's last update
     tokens_per_s: float  # all ranks
-    tflops_per_s: float  # this rank's
+    tflops_per_s: float  # this rank's, on real tokens
     padding: float
     mfu: float | None = None
+    mfu_padded: float | None = None
 
     @classmethod
     def of(cls, window: list[StepStats], seconds: float, peak_flops: float | None) -> WindowStats:
         """Reads device values: a host sync."""
         tokens = sum(s.tokens for s in window)
-        flops_per_s = sum(s.flops for s in window) / max(seconds, 1e-9)
+        flops = sum((s.flops for s in window), Flops())
+        flops_per_s, padded_per_s = (f / max(seconds, 1e-9) for f in (flops.real, flops.padded))
         return cls(
             loss=float(sum(s.loss * s.tokens for s in window)) / tokens,
             nll=float(sum(s.nll * s.tokens for s in window)) / tokens,
@@ -71,6 +79,7 @@ class WindowStats:
             tflops_per_s=flops_per_s / 1e12,
             padding=sum(s.padding for s in window) / len(window),
             mfu=flops_per_s / peak_flops if peak_flops else None,
+            mfu_padded=padded_per_s / peak_flops if peak_flops else None,
         )
 
     @property
@@ -84,7 +93,7 @@ class WindowStats:
 
     def format(self, step: int, epoch: int, elapsed_seconds: float) -> str:
         """The log line written every trainer.log_every updates (key=value, for grep)."""
-        mfu = "" if self.mfu is None else f" mfu={self.mfu:.3f}"
+        mfu = "" if self.mfu is None else f" mfu={self.mfu:.3f} mfu_padded={self.mfu_padded:.3f}"
         return (
             f"update {step} epoch {epoch} loss={self.loss:.3f} nll={self.nll:.3f} "
             f"ppl={self.ppl:.2f} lr={self.lr:.3e} gnorm={self.grad_norm:.3f} "
@@ -98,3 +107,28 @@ class WindowStats:
             "lr": f"{self.lr:.2e}",
             "tok_s": f"{self.tokens_per_s:.0f}",
         }
+
+
+class ThroughputWindow:
+    """The updates since the last log line and the training time they took. Time spent `aside`
+    (validation, checkpoints) is left out, so that tok/s and MFU measure training alone rather
+    than dipping in every window that holds a validation or a checkpoint."""
+
+    def __init__(self) -> None:
+        self.updates: list[StepStats] = []
+        self.start = time.perf_counter()
+
+    def add(self, stats: StepStats) -> None:
+        self.updates.append(stats)
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.start
+
+    @contextlib.contextmanager
+    def aside(self) -> Iterator[None]:
+        """What runs inside does not count towards the window's time."""
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.start += time.perf_counter() - began

@@ -1,7 +1,9 @@
 """Stop requests by signal: a cluster's pre-emption (SIGTERM, SIGUSR1) or Ctrl-C (SIGINT).
 
-The training loop asks `received` at the end of each update, saves a checkpoint and exits
-cleanly. A second Ctrl-C interrupts at once (Python's default), for a user who will not wait.
+The training loop asks `received` at the end of each update (with several ranks, at their next
+agreement, every trainer.agree_every updates: all stop at the same update), saves a checkpoint
+and exits cleanly. A second Ctrl-C interrupts at once (Python's default), for a user who will not
+wait.
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ class StopSignals:
     def handle(self, signum: int, frame) -> None:
         name = signal.Signals(signum).name
         if self.received is None:
-            log.warning("%s received: saving a checkpoint after this update, then stopping", name)
+            log.warning(
+                "%s received: saving a checkpoint after this update (several ranks: after the "
+                "update where they next agree, trainer.agree_every), then stopping",
+                name,
+            )
             self.received = name
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)

@@ -47,9 +47,11 @@ STEERING_KEYS = frozenset(
         "trainer.num_threads",
         "trainer.progress_bar",
         "trainer.rank_timeout_minutes",
+        "trainer.agree_every",
         "trainer.max_nonfinite_updates",
         "trainer.device",
         "trainer.compile",
+        "trainer.sdpa_backends",  # which kernels compute attention, not what is trained
         "trainer.resume",
         "trainer.resume_from",
         "trainer.init_from",  # used by a run's first start only

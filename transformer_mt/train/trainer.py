@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.tensorboard import SummaryWriter
@@ -19,19 +21,30 @@ from tqdm import tqdm
 
 from transformer_mt.checkpoint import CheckpointRecord
 from transformer_mt.config import TrainJob
-from transformer_mt.data.batching import Batch, BatchDataset, plan_batches, token_batches
+from transformer_mt.data.batching import (
+    Batch,
+    BatchDataset,
+    epoch_batches,
+    plan_batches,
+    target_tokens_by_turn,
+)
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.device import autocast_dtype, autocast_for
+from transformer_mt.device import attention_kernels, autocast_dtype, autocast_for
 from transformer_mt.errors import CheckpointError
 from transformer_mt.files import remove_partial_writes
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.compiling import LENGTH_MULTIPLE, CompileWatch, should_compile
-from transformer_mt.train.distributed import Ranks
-from transformer_mt.train.flops import peak_flops, step_flops
+from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
+from transformer_mt.train.flops import peak_flops, update_flops
 from transformer_mt.train.loss import LossSums, TrainingLoss
-from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, WindowStats
+from transformer_mt.train.monitor import (
+    NonFiniteUpdates,
+    StepStats,
+    ThroughputWindow,
+    WindowStats,
+)
 from transformer_mt.train.run_state import Progress, restore_rng, rng_states
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.signals import StopSignals, ignore_stop_signals
@@ -75,6 +88,9 @@ class Trainer:
                 self.train_model,
                 device_ids=[device] if device.type == "cuda" else None,
                 broadcast_buffers=False,  # the only buffer is the constant position table
+                # The gradients are views of DDP's all-reduce buckets, not a second copy of them
+                # (train_step keeps them allocated between updates, zeroed, for that).
+                gradient_as_bucket_view=True,
             )
         self.compiled = should_compile(cfg.trainer.compile, device)
         self.compile_watch = CompileWatch() if self.compiled else None
@@ -105,14 +121,18 @@ class Trainer:
             world_size=self.ranks.world_size,
             padded=cfg.trainer.global_batch_padded,
         )
+        small = small_micro_batch_warning(self.plan, device)
+        if small and self.ranks.is_main:
+            log.warning("%s", small)
         self.progress = Progress()
+        self.tokens_by_turn = np.zeros(0, dtype=np.int64)  # the epoch's; set by epoch_loader
         self.position_fraction: float | None = None  # set by a resume with another layout
         self.saved_step = self.validated_step = -1
         self.last_save_time = time.monotonic()
         self.nonfinite = NonFiniteUpdates(device)
         self.signals = StopSignals()
-        # Decisions that end the loop, agreed by all ranks after every update (a rank's clock or a
-        # signal that reached one rank must not send the ranks down different paths).
+        # Decisions that end the loop, agreed by all ranks (agree_on_stopping: a rank's clock or
+        # a signal that reached one rank must not send the ranks down different paths).
         self.out_of_time = self.stop_signalled = False
         self.peak_flops = (
             peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
@@ -233,17 +253,21 @@ class Trainer:
 
     # ---- data --------------------------------------------------------------------------------
     def epoch_loader(self) -> torch.utils.data.DataLoader:
-        """This rank's batches of this epoch from the saved position on, collated in workers."""
-        train, settings = self.data.train, self.cfg.trainer
-        batches = token_batches(
+        """This rank's batches of this epoch from the saved position on, collated in workers.
+        Sets `tokens_by_turn`: for each place in the rank's list, the target tokens of every
+        rank's batch there (every rank computes the whole epoch's batches, then takes its
+        share)."""
+        train, settings, world_size = self.data.train, self.cfg.trainer, self.ranks.world_size
+        every_rank = epoch_batches(
             train.src.lengths,
             train.tgt.lengths,
             self.plan.micro_batch_tokens,
             seed=settings.seed,
             epoch=self.progress.epoch,
-            rank=self.ranks.rank,
-            world_size=self.ranks.world_size,
+            world_size=world_size,
         )
+        batches = every_rank[self.ranks.rank :: world_size]
+        self.tokens_by_turn = target_tokens_by_turn(every_rank, train.tgt.lengths, world_size)
         progress = self.progress
         if self.position_fraction is not None:
             progress.batch_in_epoch = round(self.position_fraction * len(batches))
@@ -273,12 +297,14 @@ class Trainer:
             generator=torch.Generator().manual_seed(settings.seed + progress.epoch),
         )
 
-    def micro_batches(self):
-        """Endless (epoch-advancing) stream of collated batches, starting at the saved position."""
+    def micro_batches(self) -> Iterator[tuple[Batch, int]]:
+        """Endless (epoch-advancing) stream of collated batches, starting at the saved position,
+        each with the target tokens of all ranks' batches at its place in the epoch."""
         while True:
             for batch in self.epoch_loader():
-                self.progress.batch_in_epoch += 1
-                yield batch
+                place = self.progress.batch_in_epoch
+                self.progress.batch_in_epoch += 1  # counted before the update uses it
+                yield batch, int(self.tokens_by_turn[place])
             self.progress.epoch += 1
             self.progress.batch_in_epoch = 0
             if self.stop_rule():
@@ -292,16 +318,25 @@ class Trainer:
         no_sync = self.ranks.distributed and not sync
         with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
             batch = batch.to(self.device)
-            with autocast_for(self.device, self.cfg.trainer.precision):
+            with (
+                autocast_for(self.device, self.cfg.trainer.precision),
+                attention_kernels(self.cfg.trainer.sdpa_backends),
+            ):
                 sums = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
             self.scaler.scale(sums.loss * scale).backward()
         return LossSums(sums.loss.detach(), sums.nll.detach(), sums.n_tokens)
 
-    def train_step(self, batches: list[Batch]) -> StepStats:
+    def train_step(self, batches: list[Batch], update_tokens: int | None = None) -> StepStats:
         """One update: the summed loss of every rank's micro-batches divided once by their total
-        target tokens, so it equals the update of one big batch. Returns device tensors."""
+        target tokens, `update_tokens` (known to every rank from the epoch's batches, see
+        micro_batches; None: `batches` are the whole update, one rank's alone), so it equals
+        the update of one big batch. Returns device tensors."""
+        if update_tokens is None and self.ranks.world_size > 1:
+            raise ValueError("train_step on several ranks needs the update's update_tokens")
         self.train_model.train()
-        (total_tokens,) = self.ranks.sum([sum(batch.n_tgt_tokens for batch in batches)])
+        total_tokens = (
+            update_tokens if update_tokens is not None else sum(b.n_tgt_tokens for b in batches)
+        )
         # DDP averages gradients over ranks; multiplying by world_size turns that into a sum.
         scale = self.ranks.world_size / total_tokens
         loss_sum = nll_sum = 0.0
@@ -310,10 +345,7 @@ class Trainer:
             loss_sum += sums.loss
             nll_sum += sums.nll
         self.scaler.unscale_(self.optimizer)
-        clip = self.cfg.optim.clip_norm
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            self.model.parameters(), clip if clip > 0 else math.inf
-        )
+        grad_norm = self.clipped_gradient_norm()
         nonfinite = (~torch.isfinite(grad_norm)).to(torch.int64)
         lr = self.optimizer.param_groups[0]["lr"]
         if self.scaler.is_enabled():
@@ -326,7 +358,9 @@ class Trainer:
             self.optimizer.step()
             del self.optimizer.found_inf
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        # Under DDP the gradients are views of its buckets: set to None, they would be made
+        # afresh by the next backward and copied into the buckets again.
+        self.optimizer.zero_grad(set_to_none=not self.ranks.distributed)
         self.nonfinite.add(nonfinite)
         self.progress.step += 1
         return StepStats(
@@ -336,17 +370,18 @@ class Trainer:
             grad_norm=grad_norm,
             tokens=total_tokens,
             padding=sum(b.padding_ratio for b in batches) / len(batches),
-            flops=sum(
-                step_flops(
-                    self.cfg.model,
-                    self.record.vocab_size,
-                    b.src.shape[0],
-                    b.src.shape[1],
-                    b.tgt_in.shape[1],
-                )
-                for b in batches
-            ),
+            flops=update_flops(self.cfg.model, self.record.vocab_size, batches, PAD_ID),
         )
+
+    def clipped_gradient_norm(self) -> torch.Tensor:
+        """The gradients' norm before clipping, clipped to optim.clip_norm where it is set; with
+        clipping off, only measured (clip_grad_norm_ with an infinite bound would still multiply
+        every gradient by 1)."""
+        clip = self.cfg.optim.clip_norm
+        if clip > 0:
+            return torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads)
 
     # ---- validation, logging, stopping -------------------------------------------------------
     def validate(self) -> ValidationScores:
@@ -497,8 +532,13 @@ class Trainer:
         return bool(limit) and self.progress.train_seconds >= limit
 
     def agree_on_stopping(self, time_due: bool) -> bool:
-        """One all-reduce after each update: stop when any rank has a stop signal or is out of
-        time; checkpoint when rank 0's timer says so. Returns whether to checkpoint for time."""
+        """One all-reduce every trainer.agree_every updates (after each update for a lone
+        process, which asks nobody): stop when any rank has a stop signal or is out of time;
+        checkpoint when rank 0's timer says so. Between agreements every rank goes on as agreed
+        last, so all stop (and checkpoint) at the same update, at most agree_every - 1 updates
+        after the signal or the clock. Returns whether to checkpoint for time."""
+        if self.ranks.distributed and self.progress.step % self.cfg.trainer.agree_every:
+            return False
         signalled, out_of_time, time_due_main = self.ranks.sum(
             [
                 float(self.signals.received is not None),
@@ -511,31 +551,34 @@ class Trainer:
 
     def run_updates(self, stream, bar) -> str:
         settings = self.cfg.trainer
-        window, window_start = [], time.perf_counter()
+        window = ThroughputWindow()
         # Every rank resumed the same saved training time, so this first reading is shared.
         self.out_of_time = self.time_is_up()
         reason = self.stop_rule()
         while reason is None:
             started = time.perf_counter()
-            batches = [b for _, b in zip(range(self.plan.accumulation), stream, strict=False)]
-            if not batches:
+            planned = list(itertools.islice(stream, self.plan.accumulation))
+            if not planned:
                 return self.stop_rule() or "training data exhausted"
-            window.append(self.train_step(batches))
+            batches = [batch for batch, _ in planned]
+            window.add(self.train_step(batches, sum(tokens for _, tokens in planned)))
             self.progress.train_seconds += time.perf_counter() - started
             bar.update(1)
             step = self.progress.step
             if step % settings.log_every == 0:
-                reason = self.log_train(window, time.perf_counter() - window_start, bar)
-                window, window_start = [], time.perf_counter()
+                reason = self.log_train(window.updates, window.seconds(), bar)
+                window = ThroughputWindow()
             improved = exhausted = False
             if settings.valid_every and step % settings.valid_every == 0:
-                improved, exhausted = self.validate_and_judge()
+                with window.aside():
+                    improved, exhausted = self.validate_and_judge()
             minutes = settings.checkpoint_every_minutes
             time_due = bool(minutes) and time.monotonic() - self.last_save_time >= 60 * minutes
             time_due = self.agree_on_stopping(time_due)
             periodic = settings.checkpoint_every and step % settings.checkpoint_every == 0
             if improved or self.stop_signalled or time_due or periodic:
-                self.save(best=improved)
+                with window.aside():
+                    self.save(best=improved)
             if self.stop_signalled:
                 return f"stop signal ({self.signals.received or 'on another rank'})"
             if exhausted:
@@ -544,8 +587,8 @@ class Trainer:
                     "(trainer.patience)"
                 )
             reason = reason or self.stop_rule()
-        if window:  # the last, partial logging window
-            reason = self.log_train(window, time.perf_counter() - window_start, bar) or reason
+        if window.updates:  # the last, partial logging window
+            reason = self.log_train(window.updates, window.seconds(), bar) or reason
         return reason
 
 

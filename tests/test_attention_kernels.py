@@ -1,0 +1,83 @@
+"""trainer.sdpa_backends and decode.sdpa_backends: which kernels scaled_dot_product_attention may
+use in the training step and in our searches (README: turning cuDNN attention off on H100/H200,
+pytorch#196678). On the CPU, a list that holds no CPU kernel (cudnn alone) makes attention fail
+with torch's "No viable backend": the proof that the switch reaches the call."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.config import DecodeConfig, ModelConfig, SdpaBackend, Strategy, validate_train
+from transformer_mt.data.prepare import prepare
+from transformer_mt.data.tokenizer import PAD_ID
+from transformer_mt.decode.translator import ModelSearch
+from transformer_mt.device import attention_kernels
+from transformer_mt.errors import ConfigError
+from transformer_mt.model import Transformer
+from transformer_mt.run_dir import RunDir
+from transformer_mt.train.start import STEERING_KEYS
+from transformer_mt.train.trainer import Trainer
+
+NO_CPU_KERNEL = "No viable backend for scaled_dot_product_attention"
+
+
+def attend() -> torch.Tensor:
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(3, 2, 2, 5, 8, generator=generator).unbind(0)  # (B, H, L, Dh) each
+    keep = torch.tensor([[True] * 5, [True] * 3 + [False] * 2])[:, None, None, :]  # (B, 1, 1, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+
+
+def test_the_switch_limits_the_kernels_and_default_leaves_torchs_choice():
+    reference = attend()
+    with attention_kernels([SdpaBackend.math]):
+        assert torch.allclose(attend(), reference, atol=1e-6)
+    with attention_kernels([SdpaBackend.default]):
+        attend()
+    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL), attention_kernels([SdpaBackend.cudnn]):
+        attend()
+    attend()  # the context restores what it found
+
+
+def test_the_training_step_runs_under_trainer_sdpa_backends(tiny_train_job):
+    job = tiny_train_job("trainer.sdpa_backends=[cudnn]")
+    assert job.trainer.sdpa_backends == [SdpaBackend.cudnn]  # composed as the enum
+    data = prepare(job.data)
+    trainer = Trainer(job, RunDir(job.run_dir), data, torch.device("cpu"))
+    trainer.writer.close()
+    batch = next(iter(trainer.epoch_loader()))
+    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL):
+        trainer.train_step([batch])
+    job.trainer.sdpa_backends = [SdpaBackend.flash, SdpaBackend.math]
+    assert torch.isfinite(trainer.train_step([batch]).loss)
+
+
+def test_our_searches_run_under_decode_sdpa_backends():
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1)
+    search = ModelSearch(Transformer(cfg, vocab_size=30, pad_id=PAD_ID), torch.device("cpu"))
+    sources = [[5, 6, 7], [8, 9]]
+    greedy = DecodeConfig(strategy=Strategy.greedy, max_len_b=3)
+    default = tokens(search.search(sources, greedy))
+    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL):
+        search.search(sources, dataclasses.replace(greedy, sdpa_backends=[SdpaBackend.cudnn]))
+    math_only = dataclasses.replace(greedy, sdpa_backends=[SdpaBackend.math])
+    assert tokens(search.search(sources, math_only)) == default
+
+
+def tokens(nbest_lists) -> list[list[list[int]]]:
+    return [[list(hypothesis.tokens) for hypothesis in nbest] for nbest in nbest_lists]
+
+
+def test_default_goes_alone_and_the_key_steers_a_resume(tiny_train_job):
+    with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*got \[default,math\]"):
+        validate_train(tiny_train_job("trainer.sdpa_backends=[default,math]"))
+    with pytest.raises(ConfigError, match="'decode.sdpa_backends'"):
+        validate_train(tiny_train_job("decode.sdpa_backends=[]"))
+    with pytest.raises(Exception, match="fast"):  # not a kernel's name: refused when composed
+        tiny_train_job("trainer.sdpa_backends=[fast]")
+    assert "trainer.sdpa_backends" in STEERING_KEYS  # a resume may turn cuDNN off
