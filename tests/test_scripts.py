@@ -66,11 +66,13 @@ def test_bench_train_times_the_plain_and_the_chunked_loss_side_by_side():
         *("--columns", "ours-plain,ours"),
     )
     assert done.returncode == 0, done.stderr
-    assert "ours plain-loss (transformer_mt)" in done.stdout
-    assert "ours / ours plain-loss:" in done.stdout
+    assert "ours plain (transformer_mt)" in done.stdout
+    assert "ours / ours plain:" in done.stdout
     rows = [line.split() for line in done.stdout.splitlines() if "(transformer_mt)" in line]
-    losses = {row[-5] for row in rows}  # the loss column: the same updates, the same loss
-    assert len(rows) == 2 and len(losses) == 1, rows
+    losses = [float(row[-5]) for row in rows]  # the loss column
+    # The same updates; only the dropout masks differ (torch's against the model's own), which
+    # moves a tiny model's loss at the start by well under 1% (8.143 against 8.147 here).
+    assert len(rows) == 2 and abs(losses[0] - losses[1]) < 0.01 * losses[0], rows
 
 
 def test_bench_loss_compares_the_two_forms_at_toy_size():

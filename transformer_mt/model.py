@@ -209,13 +209,46 @@ class FeedForward(nn.Module):
         return self.outer(F.relu(self.inner(x)))
 
 
+class Dropout(nn.Module):
+    """Dropout as nn.Dropout defines it (each element zeroed with probability p, the others
+    scaled by 1 / (1 - p)), with cheaper masks on the CPU.
+
+    torch's CPU dropout draws a double from the generator for every element, in one thread
+    (outside Intel CPUs, where MKL draws them): about a tenth of a CPU training step here
+    (benchmarks/train_speed.txt). Eagerly on the CPU this cuts each 64-bit draw of the same
+    generator into four 16-bit numbers and keeps an element where its number is at or above
+    p * 2^16, rounded: p itself is rounded to a multiple of 2^-16 (0.1 becomes 0.1000061). Under
+    torch.compile and on other devices (CUDA's kernel draws four numbers at a time already) it
+    is F.dropout. Either way the masks come from torch's global generator, which checkpoints
+    save, so a resumed run draws the masks an uninterrupted one would.
+    """
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+        self.threshold = round(p * 2**16) - 2**15  # on int16 numbers, uniform over [-2^15, 2^15)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
+            return F.dropout(x, self.p, training=True)
+        numbers = torch.empty((x.numel() + 3) // 4, dtype=torch.int64)
+        numbers.random_(-(2**63), None)  # every 64-bit value equally likely
+        keep = numbers.view(torch.int16)[: x.numel()].view(x.shape) >= self.threshold
+        return x * torch.where(keep, 1.0 / (1.0 - self.p), 0.0).to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class Sublayer(nn.Module):
     """Residual connection with dropout and LayerNorm: post-norm (paper) or pre-norm."""
 
     def __init__(self, d_model: int, dropout: float, norm_first: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(self, x: Tensor, compute) -> Tensor:
@@ -283,7 +316,7 @@ class Transformer(nn.Module):
         self.register_buffer(
             "positions", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False
         )
-        self.embed_dropout = nn.Dropout(cfg.dropout)
+        self.embed_dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.n_encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.n_decoder_layers))
         # Pre-norm stacks end with a LayerNorm; post-norm blocks already end with one.

@@ -7,17 +7,18 @@ included), so loss_i = (1 - eps) * nll_i + eps * mean_v(-log p_v). Padding posit
 
 `projected_loss` never holds the logits of the whole batch: it takes the decoder's last hidden
 states and the (tied) output embedding, drops the padding positions, and works through the
-tokens a chunk at a time. For each chunk it computes the logits, their log-sum-exp and, when a
+tokens a chunk at a time. For each chunk it computes the logits, their log-softmax and, when a
 gradient is wanted, the gradient at once (softmax minus the smoothed target), turns it into the
-gradients of the hidden states and of the embedding, and lets the chunk's logits go. Two of the
-three terms need no pass over the logits at all: the reference logit is h . W[y], and the mean
-logit over the vocabulary is h . mean(W). Backward then only scales the stored gradients by
-the incoming one (the loss is a sum, so that scalar is all autograd passes down).
+gradients of the hidden states and of the embedding, and lets the chunk's logits go. The mean
+logit over the vocabulary, which the smoothing term needs, takes no pass over the logits: it is
+h . mean(W). Backward then only scales the stored gradients by the incoming one (the loss is a
+sum, so that scalar is all autograd passes down).
 
 Per chunk that is three matmuls (the same FLOPs as the plain loss, minus the padding) and about
-four passes over (chunk x V): the log-sum-exp's two reads, the in-place subtraction and exp (and,
-under autocast, the cast of the gradient to the matmuls' dtype). The plain loss
-makes about ten over the whole (tokens x V) in fp32 and keeps several of them alive at once.
+four passes over (chunk x V): log_softmax's fused kernel (two reads, one write) and the in-place
+exp that turns it into the softmax (and, under autocast, the cast of the gradient to the
+matmuls' dtype). The plain loss makes about ten over the whole (tokens x V) in fp32 and keeps
+several of them alive at once.
 `label_smoothed_loss` is that plain form over given logits: the reference the tests hold
 `projected_loss` to.
 """
@@ -126,9 +127,12 @@ class ProjectedLoss(torch.autograd.Function):
                 h = h * w[:, None]
             h_c = h.to(compute)
             logits = (h_c @ weight_c.T).float()  # (c, V)
-            lse = torch.logsumexp(logits, dim=-1)
+            reference = logits.gather(1, y[:, None]).squeeze(1)
+            log_probs = torch.log_softmax(logits, dim=-1)  # (c, V), one fused kernel
+            del logits  # not needed again: its memory is free for the next (c, V) tensor
+            chunk_nll = -log_probs.gather(1, y[:, None]).squeeze(1)
+            lse = reference + chunk_nll  # log-sum-exp of the logits: z_y - log p_y
             h32 = h.float()
-            chunk_nll = lse - logits.gather(1, y[:, None]).squeeze(1)
             chunk_uniform = lse - h32 @ mean_row
             if w is not None:
                 chunk_nll, chunk_uniform = chunk_nll * w, chunk_uniform * w
@@ -139,7 +143,7 @@ class ProjectedLoss(torch.autograd.Function):
             # d loss_i / d z = softmax - (1 - eps) * onehot(y) - eps / V: the reference's share
             # is taken off in fp32 before any cast (one element per token), the uniform eps / V
             # goes onto the (c, D) and (V, D) results instead of a pass over the (c, V) logits.
-            grad_z = logits.sub_(lse[:, None]).exp_()
+            grad_z = log_probs.exp_()  # the softmax
             grad_z[torch.arange(len(y), device=y.device), y] -= 1.0 - epsilon
             grad_z = grad_z.to(compute)
             grad_h = (grad_z @ weight_c).float() - epsilon * mean_row
