@@ -6,7 +6,8 @@ forward + backward, and whether they compute the same values.
 
 plain: label_smoothed_loss over the logits of F.linear(hidden, weight), what the trainer ran
 before (the (tokens x V) logits, their fp32 log-softmax and its gradient all alive at once).
-chunked: projected_loss, what it runs now (transformer_mt/train/loss.py). Both get the same
+chunked: projected_loss, what it runs now (transformer_mt/train/loss.py). Each process keeps freed
+memory in its heap, as tmt-train does (device.keep_freed_host_memory). Both get the same
 hidden states (B, T, D), tied weight (V, D) and targets, with the padding of --padding of the
 positions at the end of the rows, as a length-sorted batch has.
 
@@ -27,6 +28,7 @@ import time
 
 import torch
 
+from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.train.loss import label_smoothed_loss, projected_loss
 
 PAD = 0
@@ -60,6 +62,7 @@ def run(form: str, hidden, weight, target, epsilon: float):
 
 def worker(form: str, args, conn) -> None:
     torch.set_num_threads(args.threads)
+    keep_freed_host_memory()  # as tmt-train sets its process up on the CPU
     hidden, weight, target = inputs(args)
     setup = peak_rss_mb()
     run(form, hidden, weight, target, args.epsilon)  # untimed: first-touch allocations

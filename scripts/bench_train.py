@@ -18,7 +18,9 @@ removes them). Its parameter count is printed next to ours (they are equal; Mari
 `final_logits_bias` is a frozen buffer and its positions a frozen table, neither trained).
 
 How they share the machine: each model lives in its own spawned process (a fresh interpreter, so
-`ru_maxrss` is that model's alone), holding `--threads` intra-op threads. The parent runs them one
+`ru_maxrss` is that model's alone), holding `--threads` intra-op threads and, on the CPU, keeping
+freed memory in its heap as tmt-train's process does (device.keep_freed_host_memory: without it
+the plain loss's large blocks are mapped and zeroed afresh at every step). The parent runs them one
 at a time, never together: first `--warmup` untimed steps each, then blocks of `--block` timed
 steps (1 by default: step by step), alternating ABBA (ours-Marian, Marian-ours, ...) so that
 machine noise and any drift over the run fall on both alike. Each process times its own steps.
@@ -82,7 +84,7 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer_mt.device import autocast_dtype, autocast_for
+from transformer_mt.device import autocast_dtype, autocast_for, keep_freed_host_memory
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import Dropout, count_parameters
@@ -313,6 +315,8 @@ def worker(
     """Build one model, then run the update indices the parent sends, timing each block (up to
     the device's last kernel). `data`: None prepares (reads the cache of) the job's corpus."""
     torch.set_num_threads(threads)
+    if device.type == "cpu":  # as tmt-train sets its process up (commands/train.py), for both
+        keep_freed_host_memory()
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]

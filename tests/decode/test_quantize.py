@@ -4,13 +4,11 @@ int8, close to float32; on the CPU only; the loaded model and the checkpoint lef
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
-from toy_runs import TINY_TRAIN, write_toy_files
 
 from transformer_mt.commands.train import train
 from transformer_mt.config import (
@@ -21,47 +19,14 @@ from transformer_mt.config import (
     compose_job,
     validate_decode,
 )
-from transformer_mt.data.sources import read_pairs
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.quantize import Int8Transformer
 from transformer_mt.decode.search import Ensemble
-from transformer_mt.decode.translator import ModelSearch, Translator
+from transformer_mt.decode.translator import ModelSearch
 from transformer_mt.errors import ConfigError
 from transformer_mt.files import file_sha256
-from transformer_mt.metrics import sacrebleu_scores
-from transformer_mt.run_dir import RunDir
 
 INT8 = DecodeConfig(quantize=Quantize.int8)
-LEARNING = [  # tests/train/test_fine_tune.py's settings, at which the tiny model learns
-    "data=files",
-    "data.src_lang=en",
-    "data.tgt_lang=de",
-    "optim.lr_scale=0.35",
-    "optim.warmup_steps=100",
-    "optim.clip_norm=1.0",
-    "trainer.batch_tokens=3000",
-    "trainer.global_batch_tokens=2400",
-    "trainer.valid_every=0",
-    "trainer.valid_bleu_sentences=0",
-]
-
-
-def learned_toy_run(folder: Path, *extra: str, steps: int = 2000) -> Path:
-    """A run folder whose tiny model translates short toy sentences (its test split: 100) at
-    about 25 BLEU (2 minutes on 2 busy CPU cores; 400 updates give 5)."""
-    data = write_toy_files(folder / "data", sizes=(20000, 40, 100), seed=1, words=(3, 8))
-    overrides = [f"run_dir={folder / 'run'}", f"data.prepared_dir={folder / 'prepared'}"]
-    overrides += [f"data.dir={data}", f"trainer.max_steps={steps}"]
-    return train(compose_job("train", [*TINY_TRAIN, *LEARNING, *overrides, *extra])).parents[1]
-
-
-def test_bleu(translator: Translator, run_dir: Path) -> tuple[float, list[str]]:
-    pairs = list(read_pairs(RunDir(run_dir).data_config(), "test"))
-    hypotheses = translator.translate([source for source, _ in pairs])
-    return sacrebleu_scores(hypotheses, [target for _, target in pairs]).bleu, hypotheses
-
-
-test_bleu.__test__ = False  # a helper, not a test
 
 
 def relative_error(x: torch.Tensor, reference: torch.Tensor) -> float:
@@ -125,20 +90,18 @@ def test_int8_leaves_the_checkpoint_on_disk_unchanged(tiny_train_job):
         translator.translate(["the dog."], decode=DecodeConfig())
 
 
-@pytest.mark.slow
-def test_int8_translates_the_toy_test_split_within_two_bleu_of_fp32(tmp_path):
-    run_dir = learned_toy_run(tmp_path)
-    beam = DecodeConfig(strategy=Strategy.beam, beam_size=4)
-    int8 = dataclasses.replace(beam, quantize=Quantize.int8)
-    fp32, int8 = (load_translator(run_dir, decode=d, device="cpu") for d in (beam, int8))
-    fp32_bleu, fp32_outputs = test_bleu(fp32, run_dir)
-    int8_bleu, int8_outputs = test_bleu(int8, run_dir)
-    same = sum(a == b for a, b in zip(fp32_outputs, int8_outputs, strict=True))
-    print(f"toy test split: BLEU fp32 {fp32_bleu:.2f}, int8 {int8_bleu:.2f}; {same} of 100 equal")
-    assert fp32_bleu > 15  # a model that translates, so that the comparison means something
-    # A few percent of logit error (the test above) flips a choice only where two pieces are
-    # nearly tied, which in a model this young is often (69 of 100 outputs equal when measured):
-    # a flip changes a few words of a sentence, and costs or gains BLEU alike, so the corpus
-    # scores stay close (24.79 and 24.55 measured).
-    assert abs(int8_bleu - fp32_bleu) <= 2.0
-    assert same >= 50
+def test_int8_beam_search_mostly_gives_the_float_models_outputs(random_model):
+    """A few percent of logit error (the test above) flips a choice only where two pieces are
+    nearly tied, so an int8 copy's beam search gives most of the float32 model's outputs: 34 of
+    these 40 when measured (a broken int8 path, such as wrong scales, gives next to none). On a
+    trained model: BLEU beside float32 on Multi30k in benchmarks/decode.txt (make bench-decode)."""
+    model = random_model(vocab=60, seed=4)
+    torch.manual_seed(0)
+    sources = [[int(t) for t in torch.randint(4, 60, (n % 12 + 3,))] for n in range(40)]
+    beam = DecodeConfig(strategy=Strategy.beam, beam_size=4, max_len_a=1.0, max_len_b=2)
+    fp32 = ModelSearch(model, torch.device("cpu")).search(sources, beam)
+    int8 = ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8).search(
+        sources, dataclasses.replace(beam, quantize=Quantize.int8)
+    )
+    same = sum(a[0].tokens == b[0].tokens for a, b in zip(fp32, int8, strict=True))
+    assert same >= 24, f"{same} of 40 best hypotheses equal"

@@ -9,46 +9,23 @@ import itertools
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from toy_runs import write_toy_files
+from toy_runs import LEARNING, split_bleu, write_toy_files
 
 from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.commands.train import train
 from transformer_mt.config import DecodeConfig, Strategy
 from transformer_mt.data.prepare import open_prepared, prepared_folder
-from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.tokenizer import PAD_ID, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import CheckpointError, ConfigError
-from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.trainer import Trainer
 
 QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0"]
-# Short toy sentences as local files, and a learning rate and batch at which the tiny model learns
-# them within a few hundred updates (conftest's TINY_TRAIN is tuned for speed, not learning).
-LEARNING = [
-    "data=files",
-    "data.src_lang=en",
-    "data.tgt_lang=de",
-    "optim.lr_scale=0.35",
-    "optim.warmup_steps=100",
-    "optim.clip_norm=1.0",
-    "trainer.batch_tokens=3000",
-    "trainer.global_batch_tokens=2400",
-]
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
-
-
-def test_bleu_on_new_data(translator: Translator, run_dir) -> float:
-    pairs = list(read_pairs(RunDir(run_dir).data_config(), "test"))
-    hypotheses = translator.translate([source for source, _ in pairs])
-    return sacrebleu_scores(hypotheses, [target for _, target in pairs]).bleu
-
-
-test_bleu_on_new_data.__test__ = False  # a helper, not a test
 
 
 def first_logged_loss(run_dir) -> float:
@@ -124,9 +101,9 @@ def test_fine_tuning_starts_from_the_parent_and_beats_it_and_a_model_from_scratc
         parent, RunDir(parent_run).tokenizers(), GREEDY, torch.device("cpu")
     )
     bleu = {
-        "parent": test_bleu_on_new_data(parent_translator, child_run),
-        "fine-tuned": test_bleu_on_new_data(load_translator(child_run, decode=GREEDY), child_run),
-        "scratch": test_bleu_on_new_data(load_translator(scratch_run, decode=GREEDY), scratch_run),
+        "parent": split_bleu(parent_translator, child_run)[0],
+        "fine-tuned": split_bleu(load_translator(child_run, decode=GREEDY), child_run)[0],
+        "scratch": split_bleu(load_translator(scratch_run, decode=GREEDY), scratch_run)[0],
     }
     print(f"BLEU on the new data's test split after {updates} updates: {bleu}")
     assert bleu["fine-tuned"] > bleu["parent"] and bleu["fine-tuned"] > bleu["scratch"], bleu
