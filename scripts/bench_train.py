@@ -542,15 +542,18 @@ def matmul_rate(
         torch.randn(model.d_model, size, device=device, dtype=dtype)
         for size in (vocab_size, model.d_ff)
     ]
-    for w in weights:
-        x @ w  # warm-up
+    # Into outputs made once: a fresh (tokens x vocabulary) block per product would time the
+    # allocator (on the CPU, pages mapped and zeroed afresh), not the matmul.
+    outputs = [torch.empty(tokens, w.shape[1], device=device, dtype=dtype) for w in weights]
+    for w, out in zip(weights, outputs, strict=True):
+        torch.mm(x, w, out=out)  # warm-up
     repeats = 5 if device.type == "cpu" else 50
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started, flops = time.perf_counter(), 0.0
     for _ in range(repeats):
-        for w in weights:
-            x @ w
+        for w, out in zip(weights, outputs, strict=True):
+            torch.mm(x, w, out=out)
             flops += 2.0 * tokens * w.shape[0] * w.shape[1]
     if device.type == "cuda":
         torch.cuda.synchronize(device)
