@@ -57,7 +57,7 @@ def run(form: str, hidden, weight, target, epsilon: float):
     else:
         sums = projected_loss(hidden, weight, target, epsilon=epsilon, pad_id=PAD)
     sums.loss.backward()
-    return float(sums.loss.detach()), float(sums.nll), hidden.grad, weight.grad
+    return float(sums.loss.detach()), float(sums.nll.detach()), hidden.grad, weight.grad
 
 
 def worker(form: str, args, conn) -> None:
