@@ -144,6 +144,6 @@ def test_decode_precision_auto_is_bf16_on_cuda_and_its_bleu_is_near_fp32s(tmp_pa
     assert seen[DecodePrecision.fp32] == {(torch.float32, True)}  # in TF32 (use_cuda_device)
     assert bleu[DecodePrecision.fp32] > 15
     # bf16 rounds each matmul's inputs to 8 significant bits (0.4%), less than int8's 7-bit
-    # activations: int8 keeps its Multi30k BLEU near float32's
-    # (benchmarks/decode.txt), so bf16 should a fortiori.
+    # activations: int8 keeps its Multi30k BLEU near float32's (benchmarks/decode.txt), so bf16
+    # should a fortiori.
     assert abs(bleu[DecodePrecision.auto] - bleu[DecodePrecision.fp32]) <= 2.0

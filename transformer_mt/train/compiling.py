@@ -4,10 +4,9 @@ did (graphs compiled, recompiles) for the log and TensorBoard.
 auto decides by the device kind. On the CPU the compiled step measured slower than the eager one
 (benchmarks/train_speed.txt: model=small on Multi30k, 0.81x the eager step's speed per update in
 the median in run 7, 0.68x in run 8 on another machine, before counting its compile time), so
-auto leaves it off there. On CUDA
-it is on: no GPU has run it yet, and the reading of the CUDA path expects fused elementwise
-kernels and fewer launches to pay there; `make gpu-check` times eager against compiled on the
-first GPU it runs on, and this rule follows what it measures.
+auto leaves it off there. On CUDA it is on: no GPU has run it yet, and the reading of the CUDA
+path expects fused elementwise kernels and fewer launches to pay there; `make gpu-check` times
+eager against compiled on the first GPU it runs on, and this rule follows what it measures.
 Compiling needs a C compiler and the Python headers (Inductor builds its kernels' wrappers with
 them); without them the run says so in one line and trains eagerly.
 """

@@ -17,11 +17,10 @@ sum, so that scalar is all autograd passes down).
 Per chunk that is three matmuls (the same FLOPs as the plain loss, minus the padding) and five
 simple passes over (chunk x V), all but two in place: the row maxima, the subtraction and exp,
 their row sums, and for the gradient the division that makes them the softmax (and, under
-autocast, the cast of the gradient to the matmuls' dtype). On this project's 2-core CPU they
-ran faster than log_softmax's fused kernel followed by an exp, and than logsumexp (which
-allocates a (chunk x V) temporary of its own) followed by a subtraction and an exp. The plain
-loss makes about ten passes over the whole (tokens x V) in fp32 and keeps several of them alive
-at once.
+autocast, the cast of the gradient to the matmuls' dtype); logsumexp would allocate a
+(chunk x V) temporary of its own. The plain loss makes about ten passes over the whole
+(tokens x V) in fp32 and keeps several of them alive at once (scripts/bench_loss.py times the
+two).
 `label_smoothed_loss` is that plain form over given logits: the reference the tests hold
 `projected_loss` to.
 """
