@@ -43,8 +43,9 @@ date head the file. The exit status is 0 when every part ran and every test pass
 Without a CUDA GPU (`--probe`, which gpu_check.sh asks first) it prints one line and does nothing.
 `--rehearse-on-cpu` (not in --help) runs every part chosen as small as it goes on the CPU (tiny
 models, a few updates, 3 seconds of the demo config with a tiny model on a small toy corpus; of
-the gpu tests, those that take the `device` fixture, on the CPU, at two of the lengths): the code
-path, checked before the one run a lent GPU allows.
+the gpu tests, those that take the `device` fixture, on the CPU, at two of the lengths; each
+bench_train command once, where big and base would repeat it: 7 parts): the code path, checked
+before the one run a lent GPU allows.
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ class Budget:
 
 # ---- the parts -----------------------------------------------------------------------------------
 RANK_SHARES = (3125, 1563)  # one rank's target tokens of a 25,000-token update: NPROC=8, 2 x 8
+COMPILED_LIMITS = {"big": 70, "base": 46}  # parts 2 and 3, seconds on a GPU
 
 
 @dataclass(frozen=True)
@@ -246,6 +248,16 @@ class Settings:
     learn: str = ""  # tmt-train's overrides beyond the demo config and the check's own
     evaluate: str = ""  # tmt-eval's overrides
     limit: float | None = None  # every part's limit instead of its own (the rehearsal's)
+    rank_shares: tuple[int, ...] = RANK_SHARES  # part 7's target tokens per update
+
+    def models(self, *roles: str) -> list[tuple[str, str]]:
+        """(role, model) for these roles ("big", "base") in this order, each model once: the
+        rehearsal's big and base are both tiny, and a part that would repeat another's command
+        runs once."""
+        chosen: dict[str, str] = {}  # model -> its first role
+        for role in roles:
+            chosen.setdefault(getattr(self, role), role)
+        return [(role, model) for model, role in chosen.items()]
 
 
 GPU = Settings(
@@ -274,6 +286,7 @@ REHEARSAL = Settings(  # --rehearse-on-cpu: every part's code, as small as it go
     "trainer.global_batch_tokens=1200",
     evaluate="decode.strategy=greedy decode.max_len_a=0 decode.max_len_b=8",
     limit=180.0,
+    rank_shares=RANK_SHARES[:1],
 )
 
 
@@ -408,31 +421,25 @@ def bench_part(
 def core_parts(settings: Settings, report: Report) -> list[Part]:
     """The core run, in this order: the tests, then the headline figures (compiled, big first)."""
     compiled, eager = f"--columns ours-compiled {settings.compiled}", settings.eager
-    big, base = settings.big, settings.base
-    return [
-        Part("correctness", 55, functools.partial(correctness, settings, report)),
-        bench_part(
-            settings, report, "throughput big compiled", 70,
-            f"2. throughput: model={big}, trainer.compile=true (ours)",
-            f"--model {big} {compiled}",
-        ),
-        bench_part(
-            settings, report, "throughput base compiled", 46,
-            f"3. throughput: model={base}, trainer.compile=true (ours)",
-            f"--model {base} {compiled}",
-        ),
-        bench_part(
-            settings, report, "throughput base eager", 22,
-            f"4. throughput: model={base}, eager, ours and Marian",
-            f"--model {base} --columns ours,marian {eager}",
-        ),
-        bench_part(
-            settings, report, "throughput big eager", 22,
-            f"5. throughput: model={big}, eager, ours and Marian",
-            f"--model {big} --columns ours,marian {eager}",
-        ),
-        Part("decoding", 25, functools.partial(decoding, settings, report)),
-    ]  # fmt: skip
+    parts = [Part("correctness", 55, functools.partial(correctness, settings, report))]
+    for role, model in settings.models("big", "base"):
+        parts.append(
+            bench_part(
+                settings, report, f"throughput {role} compiled", COMPILED_LIMITS[role],
+                f"{2 if role == 'big' else 3}. throughput: model={model}, trainer.compile=true "
+                "(ours)",
+                f"--model {model} {compiled}",
+            )
+        )  # fmt: skip
+    for role, model in settings.models("base", "big"):
+        parts.append(
+            bench_part(
+                settings, report, f"throughput {role} eager", 22,
+                f"{4 if role == 'base' else 5}. throughput: model={model}, eager, ours and Marian",
+                f"--model {model} --columns ours,marian {eager}",
+            )
+        )  # fmt: skip
+    return [*parts, Part("decoding", 25, functools.partial(decoding, settings, report))]
 
 
 def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
@@ -446,7 +453,7 @@ def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
             f"--model {settings.base} --update-tokens {tokens} --columns ours,ours-compiled "
             f"{settings.compiled}",
         )
-        for tokens in RANK_SHARES
+        for tokens in settings.rank_shares
     ]  # fmt: skip
     steps = [
         bench_part(
@@ -454,7 +461,7 @@ def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
             f"8. the step as first shipped (ours-plain) beside today's: model={model}, eager",
             f"--model {model} --columns ours-plain,ours {settings.eager}",
         )
-        for role, model in (("base", settings.base), ("big", settings.big))
+        for role, model in settings.models("base", "big")
     ]  # fmt: skip
     learn = Part("learning", 200, functools.partial(learning, settings, folder, report))
     return [*shares, *steps, learn]
