@@ -8,8 +8,10 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
 
   (a) ours: Translator (batched by length, KV cache, finished sentences leave the batch), with
       the exact stopping rule (the default) and with CTranslate2's (decode.stop_early=true:
-      a sentence ends once 4 hypotheses have finished), which is the same work as (c); and
-      with int8 weights (decode.quantize=int8, CTranslate2's stopping rule), beside (c) int8;
+      a sentence ends once 4 hypotheses have finished), which is the same work as (c); with
+      torch's F.linear in place of the default oneDNN prepacked weights (decode.cpu_linear=torch,
+      CTranslate2's stopping rule); and with int8 weights (decode.quantize=int8, CTranslate2's
+      stopping rule), beside (c) int8;
   (b) reference: the tutorial approach, kept in this file as the yardstick: one sentence at a
       time, and at every step one decoder call per beam over its whole prefix, without a cache
       (the same search rule as ours, so the outputs should be the same); it is slow, so it is
@@ -58,7 +60,14 @@ from types import SimpleNamespace
 
 import torch
 
-from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, Strategy, compose_job
+from transformer_mt.config import (
+    CpuLinear,
+    DecodeConfig,
+    DecodePrecision,
+    Quantize,
+    Strategy,
+    compose_job,
+)
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
@@ -77,10 +86,12 @@ PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
 OURS = "(a) ours (Translator, KV cache)"
 OURS_EARLY = "(a) ours, CTranslate2's stopping"
 OURS_INT8 = "(a) ours int8, CTranslate2's stopping"
+OURS_TORCH = "(a) ours F.linear, CTranslate2's stopping"
 EARLY = dataclasses.replace(PAPER, stop_early=True)
 OURS_DECODE = {
     OURS: PAPER,
     OURS_EARLY: EARLY,
+    OURS_TORCH: dataclasses.replace(EARLY, cpu_linear=CpuLinear.torch),
     OURS_INT8: dataclasses.replace(EARLY, quantize=Quantize.int8),
 }
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
@@ -131,7 +142,7 @@ def time_one(args, sources: list[str]) -> None:
 def row(name: str, sentences: int, seconds: float, bleu: float | None, load) -> str:
     score = f"{bleu:6.2f}" if bleu is not None else "     -"
     return (
-        f"  {name:38s} {sentences:5d} {seconds:8.2f} s {sentences / seconds:8.1f} sent/s"
+        f"  {name:42s} {sentences:5d} {seconds:8.2f} s {sentences / seconds:8.1f} sent/s"
         f"  BLEU {score}  load {load[0]:.2f} -> {load[1]:.2f}"
     )
 
@@ -273,10 +284,12 @@ def report_ratios(results: dict) -> None:
     early_s, exact_s = results[OURS_EARLY][0], results[OURS][0]
     fp32_s = results["(c) CTranslate2 float32"][0]
     int8_s = results["(c) CTranslate2 int8"][0]
-    ours_int8_s = results[OURS_INT8][0]
+    ours_int8_s, torch_s = results[OURS_INT8][0], results[OURS_TORCH][0]
     print(
         f"\nsame stopping rule: ours' time / CTranslate2 float32's: {early_s / fp32_s:.2f} "
         f"(target <= 1.5: {verdict(early_s / fp32_s <= 1.5)}); / int8's: {early_s / int8_s:.2f}"
+        f"\nours float32 with oneDNN's prepacked weights (the default) / with torch's F.linear: "
+        f"{early_s / torch_s:.2f}"
         f"\nours int8, same stopping rule: time / ours float32's: {ours_int8_s / early_s:.2f}; "
         f"/ CTranslate2 int8's: {ours_int8_s / int8_s:.2f}"
         f"\nours with the exact rule (the default; more steps) / CTranslate2 float32's: "
@@ -362,7 +375,7 @@ def benchmark_generated(args, folder: Path) -> None:
             translate(sources[:64])  # warm-up: first calls allocate, load kernels
             seconds, outputs[name], load = timed(translate, sources)
         except RuntimeError as error:  # CTranslate2 loads CUDA libraries at its first call
-            print(f"  {name:38s} failed: {str(error).splitlines()[0]}")
+            print(f"  {name:42s} failed: {str(error).splitlines()[0]}")
             continue
         print(speed_row(name, outputs[name], seconds, load))
     ct2_fp32 = outputs.get("(c) CTranslate2 float32")
@@ -414,7 +427,7 @@ def device_name(device: torch.device) -> str:
 def speed_row(name: str, outputs: list[list[int]], seconds: float, load) -> str:
     pieces = sum(len(o) + 1 for o in outputs)  # + EOS
     return (
-        f"  {name:38s} {len(outputs):5d} {seconds:8.2f} s {len(outputs) / seconds:8.1f} sent/s"
+        f"  {name:42s} {len(outputs):5d} {seconds:8.2f} s {len(outputs) / seconds:8.1f} sent/s"
         f" {pieces / seconds:9,.0f} pieces/s  mean output {pieces / len(outputs):5.1f} pieces"
         f"  load {load[0]:.2f} -> {load[1]:.2f}"
     )

@@ -306,6 +306,11 @@ class Quantize(str, Enum):
     int8 = "int8"
 
 
+class CpuLinear(str, Enum):
+    onednn = "onednn"
+    torch = "torch"
+
+
 @dataclass(kw_only=True)
 class DecodeConfig:
     """Search settings used by eval and translate."""
@@ -360,6 +365,12 @@ class DecodeConfig:
     int8 weights, dynamically quantized when the model is loaded (the checkpoint is unchanged);
     on the CPU only, in fp32 (not with decode.precision=bf16), each member of an ensemble alike.
     none: the weights as trained."""
+    cpu_linear: CpuLinear = CpuLinear.onednn
+    """How our model's linear layers multiply when it searches in float32 on the CPU: onednn
+    (with weights reordered once for oneDNN's prepacked product, in a copy made at the first such
+    call: faster decoding, benchmarks/decode.txt; where torch has no oneDNN, as torch) or torch
+    (F.linear on the weights as they are). The two differ by float32 rounding, so a near-tie may
+    rank the other way. Not used on a GPU, in bf16, or with decode.quantize=int8."""
 
     def __post_init__(self) -> None:
         # A number is a float however it was written (`decode.length_penalty=1` composes to 1).

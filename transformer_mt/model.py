@@ -322,6 +322,9 @@ class Transformer(nn.Module):
         # Pre-norm stacks end with a LayerNorm; post-norm blocks already end with one.
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
+        # None: logits are the product with the shared embedding; a decoding copy's module that
+        # computes that product with other kernels (decode/cpu_linear.py), never trained or saved.
+        self.output_projection: nn.Module | None = None
         self.init_embeddings()
 
     def init_embeddings(self) -> None:
@@ -364,7 +367,10 @@ class Transformer(nn.Module):
 
         With a cache, tgt_in holds only the new positions; the cache grows by T.
         """
-        return F.linear(self.decode_hidden(tgt_in, encoded, cache), self.embed.weight)
+        hidden = self.decode_hidden(tgt_in, encoded, cache)
+        if self.output_projection is not None:
+            return self.output_projection(hidden)
+        return F.linear(hidden, self.embed.weight)
 
     def decode_hidden(
         self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None

@@ -7,7 +7,8 @@ The decode settings are an argument of each call (the Translator keeps defaults 
 pass none), so one Translator serves requests with any settings, but decode.quantize, which is
 chosen when the model is loaded. The backend turns one batch of source piece ids into n-best
 lists: `ModelSearch` runs our model with decode/search.py and decode/sampling.py, in the call's
-decode.precision (`decoding_precision`), int8 with decode/quantize.py;
+decode.precision (`decoding_precision`), on the CPU with decode/cpu_linear.py's copies of it
+(oneDNN's prepacked float32 weights, decode.cpu_linear; int8, decode.quantize);
 `ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export.
 decode/loading.py builds a Translator from a run folder or an export.
 """
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from transformer_mt.config import (
+    CpuLinear,
     DecodeConfig,
     DecodePrecision,
     Precision,
@@ -34,7 +36,7 @@ from transformer_mt.config import (
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
-from transformer_mt.decode.quantize import Int8Transformer
+from transformer_mt.decode.cpu_linear import LinearKernel, cpu_linear_copy, onednn_available
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
     Ensemble,
@@ -105,7 +107,9 @@ class ModelSearch:
     own generator (the same calls give the same output; the global RNG is not touched).
     Attention of an ensemble: the members' cross-attention maps averaged (as fairseq's
     EnsembleModel averages them), each member's `layer` counted in its own decoder.
-    quantize=int8: each member searches as an int8 copy of itself (decode/quantize.py)."""
+    quantize=int8: each member searches as an int8 copy of itself; else a float32 call on the CPU
+    with decode.cpu_linear=onednn searches with copies whose weights are prepacked for oneDNN,
+    made by the first such call (decode/cpu_linear.py)."""
 
     name = "transformer_mt"
     strategies = (Strategy.beam, Strategy.greedy, Strategy.sample)
@@ -130,8 +134,9 @@ class ModelSearch:
             member.to(device).eval()
         if quantize == Quantize.int8:
             log.info("decode.quantize=int8: the model's linear layers searching with int8 weights")
-            members = [Int8Transformer(member) for member in members]
+            members = [cpu_linear_copy(member, LinearKernel.int8) for member in members]
         self.ensemble, self.quantize = Ensemble(members), quantize
+        self.onednn_ensemble: Ensemble | None = None  # made by the first call that uses it
         self.model, self.device = self.ensemble.models[0], device  # model: the first member
         self.max_source_tokens = None  # the model's positions grow to any length
         self.decoder_layers = min(len(member.decoder) for member in self.ensemble.models)
@@ -158,17 +163,37 @@ class ModelSearch:
             decoding_precision(self.device, decode.precision),
             attention_kernels(decode.sdpa_backends),
         ):
-            return self.strategy_search(src, decode, common)
+            return self.strategy_search(self.searching(decode), src, decode, common)
+
+    def searching(self, decode: DecodeConfig) -> Ensemble:
+        """The members that run a call with these settings: copies with oneDNN's prepacked
+        weights for float32 on the CPU with decode.cpu_linear=onednn (where torch has oneDNN),
+        else the loaded ones (int8 copies with quantize=int8)."""
+        float32 = autocast_dtype(self.device, Precision(decode.precision.value)) is None
+        if not (
+            self.device.type == "cpu"
+            and float32
+            and self.quantize == Quantize.none
+            and decode.cpu_linear == CpuLinear.onednn
+            and onednn_available()
+        ):
+            return self.ensemble
+        if self.onednn_ensemble is None:
+            self.onednn_ensemble = Ensemble(
+                [cpu_linear_copy(m, LinearKernel.onednn) for m in self.ensemble.models]
+            )
+        return self.onednn_ensemble
 
     def strategy_search(
-        self, src: Tensor, decode: DecodeConfig, common: dict
+        self, ensemble: Ensemble, src: Tensor, decode: DecodeConfig, common: dict
     ) -> list[list[Hypothesis]]:
-        """decode.strategy's search of src (B, S), with the settings all of them take."""
+        """decode.strategy's search of src (B, S) by `ensemble`, with the settings all of them
+        take."""
         if decode.strategy == Strategy.greedy:
-            return [[h] for h in greedy_search(self.ensemble, src, **common)]
+            return [[h] for h in greedy_search(ensemble, src, **common)]
         if decode.strategy == Strategy.sample:
             hyps = sample_search(
-                self.ensemble,
+                ensemble,
                 src,
                 generator=self.generator,
                 temperature=decode.temperature,
@@ -178,7 +203,7 @@ class ModelSearch:
             )
             return [[h] for h in hyps]
         return beam_search(
-            self.ensemble,
+            ensemble,
             src,
             beam_size=decode.beam_size,
             alpha=decode.length_penalty,

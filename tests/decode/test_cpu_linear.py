@@ -1,5 +1,7 @@
-"""decode.quantize=int8 (decode/quantize.py): every linear layer and the output projection in
-int8, close to float32; on the CPU only; the loaded model and the checkpoint left as they were."""
+"""decode/cpu_linear.py: copies of our model for the CPU whose linear layers and output
+projection run oneDNN's prepacked float32 product (decode.cpu_linear=onednn, the default) or int8
+weights (decode.quantize=int8): every layer replaced, close to the model (oneDNN: to float32
+rounding), the right copy for each call; the loaded model and the checkpoint left as they were."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
 from transformer_mt.commands.train import train
 from transformer_mt.config import (
+    CpuLinear,
     DecodeConfig,
     DecodePrecision,
     Quantize,
@@ -19,14 +22,30 @@ from transformer_mt.config import (
     compose_job,
     validate_decode,
 )
+from transformer_mt.decode.cpu_linear import (
+    LinearKernel,
+    OneDnnLinear,
+    cpu_linear_copy,
+    onednn_available,
+)
 from transformer_mt.decode.loading import load_translator, translator_from_export
-from transformer_mt.decode.quantize import Int8Transformer
 from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import ModelSearch
 from transformer_mt.errors import ConfigError
 from transformer_mt.files import file_sha256
 
 INT8 = DecodeConfig(quantize=Quantize.int8)
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
+
+
+def int8_copy(model):
+    return cpu_linear_copy(model, LinearKernel.int8)
+
+
+def linear_kinds(model: nn.Module) -> set[type]:
+    """The kinds of linear layer in `model`."""
+    kinds = (nn.Linear, OneDnnLinear, DynamicInt8Linear)
+    return {type(m) for m in model.modules() if isinstance(m, kinds)}
 
 
 def relative_error(x: torch.Tensor, reference: torch.Tensor) -> float:
@@ -36,11 +55,11 @@ def relative_error(x: torch.Tensor, reference: torch.Tensor) -> float:
 def test_every_linear_layer_and_the_output_projection_compute_in_int8(random_model):
     model = random_model(vocab=50, seed=0, sharpen=1.0)
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    quantized = Int8Transformer(model)
+    quantized = int8_copy(model)
     float_linears = [name for name, m in quantized.named_modules() if type(m) is nn.Linear]
     assert float_linears == []
-    assert isinstance(quantized.projection, DynamicInt8Linear)
-    assert quantized.projection.weight().dtype == torch.qint8
+    assert isinstance(quantized.output_projection, DynamicInt8Linear)
+    assert quantized.output_projection.weight().dtype == torch.qint8
     src = torch.tensor([[5, 9, 13, 7, 3], [22, 41, 3, 0, 0]])
     tgt_in = torch.tensor([[2, 8, 12, 30], [2, 17, 6, 45]])
     with torch.no_grad():
@@ -70,8 +89,9 @@ def test_int8_is_refused_on_cuda_and_with_bf16_naming_the_key(random_model):
 def test_each_member_of_an_ensemble_searches_in_int8(random_model):
     pair = Ensemble([random_model(vocab=50, seed=1, eos_bonus=3.0) for _ in range(2)])
     search = ModelSearch(pair, torch.device("cpu"), quantize=Quantize.int8)
-    assert all(isinstance(member, Int8Transformer) for member in search.ensemble.models)
-    assert all(type(member) is not Int8Transformer for member in pair.models)  # copies
+    assert [linear_kinds(member) for member in search.ensemble.models] == [{DynamicInt8Linear}] * 2
+    assert [linear_kinds(member) for member in pair.models] == [{nn.Linear}] * 2  # copies
+    assert search.searching(INT8) is search.ensemble  # int8 whatever decode.cpu_linear says
     nbest = search.search([[5, 6, 7], [8, 9]], INT8)
     assert [len(hyps) >= 1 for hyps in nbest] == [True, True]
     attention = search.cross_attention([[5, 6, 7]], [nbest[0][0].tokens], layer=-1)
@@ -83,7 +103,7 @@ def test_int8_leaves_the_checkpoint_on_disk_unchanged(tiny_train_job):
     run_dir = checkpoint.parents[1]
     digest, modified = file_sha256(checkpoint), checkpoint.stat().st_mtime_ns
     translator = load_translator(run_dir, decode=INT8, device="cpu")
-    assert isinstance(translator.backend.model, Int8Transformer)
+    assert linear_kinds(translator.backend.model) == {DynamicInt8Linear}
     assert len(translator.translate(["the dog sees the cat.", ""])) == 2
     assert file_sha256(checkpoint) == digest and checkpoint.stat().st_mtime_ns == modified
     with pytest.raises(ConfigError, match=r"'decode\.quantize': none is chosen when the model"):
@@ -105,3 +125,63 @@ def test_int8_beam_search_mostly_gives_the_float_models_outputs(random_model):
     )
     same = sum(a[0].tokens == b[0].tokens for a, b in zip(fp32, int8, strict=True))
     assert same >= 24, f"{same} of 40 best hypotheses equal"
+
+
+SOURCES = torch.tensor([[5, 9, 13, 7, 3], [22, 41, 3, 0, 0]])
+TARGETS = torch.tensor([[2, 8, 12, 30], [2, 17, 6, 45]])
+
+
+@needs_onednn
+def test_every_linear_layer_and_the_output_projection_run_onednn_sharing_the_rest(random_model):
+    model = random_model(vocab=50, seed=0, sharpen=1.0)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    packed = cpu_linear_copy(model, LinearKernel.onednn)
+    assert linear_kinds(packed) == {OneDnnLinear} and linear_kinds(model) == {nn.Linear}
+    assert isinstance(packed.output_projection, OneDnnLinear) and model.output_projection is None
+    assert packed.embed.weight is model.embed.weight  # shared, not copied
+    bias = model.decoder[0].ffn.inner.bias
+    assert packed.decoder[0].ffn.inner.bias.data_ptr() == bias.data_ptr()  # the same memory
+    with torch.no_grad():
+        reference = model.decode(TARGETS, model.encode(SOURCES))  # (B, T, V)
+        logits = packed.decode(TARGETS, packed.encode(SOURCES))
+    # The same float32 products summed in another order: rounding, not a percent as in int8.
+    assert relative_error(logits, reference) < 1e-5
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
+
+
+@needs_onednn
+def test_float32_calls_on_the_cpu_search_with_the_onednn_copies_others_with_the_model(
+    random_model,
+):
+    pair = Ensemble([random_model(vocab=60, seed=s, eos_bonus=1.0) for s in (4, 5)])
+    search = ModelSearch(pair, torch.device("cpu"))
+    assert search.onednn_ensemble is None  # made by the first call that needs it
+    onednn = search.searching(DecodeConfig())
+    assert [linear_kinds(member) for member in onednn.models] == [{OneDnnLinear}] * 2
+    assert search.searching(DecodeConfig(precision=DecodePrecision.fp32)) is onednn  # made once
+    assert search.searching(DecodeConfig(cpu_linear=CpuLinear.torch)) is search.ensemble
+    assert search.searching(DecodeConfig(precision=DecodePrecision.bf16)) is search.ensemble
+    torch.manual_seed(0)
+    sources = [[int(t) for t in torch.randint(4, 60, (n % 12 + 3,))] for n in range(40)]
+    beam = DecodeConfig(beam_size=4, max_len_a=1.0, max_len_b=2)
+    packed = search.search(sources, beam)
+    plain = search.search(sources, dataclasses.replace(beam, cpu_linear=CpuLinear.torch))
+    same = [(a[0], b[0]) for a, b in zip(packed, plain, strict=True) if a[0].tokens == b[0].tokens]
+    # Only a near-tie (a difference in the 7th digit) can rank otherwise: next to all are equal,
+    # and equal hypotheses score alike to float32 rounding.
+    assert len(same) >= 36, f"{len(same)} of 40 best hypotheses equal"
+    assert all(abs(ours.score - theirs.score) < 1e-4 for ours, theirs in same)
+
+
+@pytest.mark.parametrize("kernel", list(LinearKernel))
+def test_a_copy_and_its_search_leave_torchs_random_stream_alone(random_model, kernel):
+    """Training validates through these copies: drawing from torch's generator there would
+    make a run that validated differ from one that did not (tests/train/test_resume.py)."""
+    if kernel == LinearKernel.onednn and not onednn_available():
+        pytest.skip("this torch has no oneDNN")
+    model = random_model(vocab=50, seed=0)
+    state = torch.get_rng_state()
+    copied = cpu_linear_copy(model, kernel)
+    with torch.no_grad():
+        copied.decode(TARGETS, copied.encode(SOURCES))
+    assert torch.equal(torch.get_rng_state(), state)

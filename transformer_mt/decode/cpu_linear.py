@@ -1,0 +1,96 @@
+"""Our model with faster linear layers, for decoding on the CPU: a copy of it whose linear layers
+and output projection multiply with weights made ready for one kernel, once, when it is built.
+
+- `onednn` (decode.cpu_linear=onednn, the default for float32 on the CPU): float32 weights
+  reordered into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`) and
+  multiplied by `torch.ops.mkldnn._linear_pointwise`, the pair that torch.compile's CPU freezing
+  puts in place of nn.Linear. torch's F.linear on the CPU gives MKL the weight as it lies; at
+  decoding's shapes (a few to a few thousand rows, 256-1024 wide) that ran 1.3-6x slower than
+  the prepacked product on this project's 2-core machine (scripts/bench_decode.py). The same
+  float32 products, summed in another order: results differ by float32 rounding, so a near-tie
+  in a search may rank the other way.
+- `int8` (decode.quantize=int8): PyTorch's dynamic quantization
+  (`torch.ao.quantization.quantize_dynamic`, qint8): int8 weights with one scale per output row;
+  each call quantizes its input from the input's own range, multiplies in int8 and returns
+  float32. PyTorch marks torch.ao.quantization deprecated (pytorch/pytorch#184982; torchao is to
+  replace it), but 2.13 still ships and runs it.
+
+The output projection is no nn.Linear in the model (`Transformer.decode` multiplies by the shared
+embedding matrix, V x D: the largest matmul of a decoding step), so the copy's
+`output_projection` is a linear layer over the embedding. The copy has modules of its own but
+shares every other tensor with the model (embeddings, LayerNorm, biases); the model and its
+checkpoint are left as they are. A copy holds the weights of one moment: made again after the
+model changes.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import warnings
+from enum import Enum
+
+import torch
+from torch import Tensor, nn
+from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+from torch.nn.utils import skip_init
+
+from transformer_mt.model import Transformer
+
+
+class LinearKernel(str, Enum):
+    onednn = "onednn"
+    int8 = "int8"
+
+
+def onednn_available() -> bool:
+    """Whether this torch has oneDNN and its prepacked linear product (x86 and Arm builds do)."""
+    try:
+        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._linear_pointwise)
+    except (AttributeError, RuntimeError):  # an op torch does not have
+        return False
+
+
+class OneDnnLinear(nn.Module):
+    """y = x W^T + b with W reordered once for oneDNN's kernel (inference only: no gradients)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().contiguous()
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # oneDNN's layout
+        self.bias = linear.bias.detach() if linear.bias is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+def with_onednn_linears(module: nn.Module) -> None:
+    """Every nn.Linear inside `module` replaced by its OneDnnLinear, in place."""
+    for parent in list(module.modules()):
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear:
+                setattr(parent, name, OneDnnLinear(child))
+
+
+def cpu_linear_copy(model: Transformer, kernel: LinearKernel) -> Transformer:
+    """A copy of `model` (of its own class) whose linear layers and output projection run
+    `kernel`'s products; every other tensor shared with `model`, which is left as it is."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    copied = copy.deepcopy(model, memo=shared).eval()  # new modules over the same tensors
+    # skip_init: no initial weights drawn from torch's generator (training validates through
+    # here, and its random stream must not depend on it).
+    projection = skip_init(nn.Linear, model.cfg.d_model, model.embed.num_embeddings, bias=False)
+    projection.weight = model.embed.weight  # (V, D), shared
+    copied.output_projection = projection
+    if kernel == LinearKernel.int8:
+        with warnings.catch_warnings():  # its deprecation notices (see above), once per call
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
+            quantize_dynamic(copied, {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+    else:
+        with_onednn_linears(copied)
+    return copied
