@@ -180,8 +180,27 @@ def test_a_copy_and_its_search_leave_torchs_random_stream_alone(random_model, ke
     if kernel == LinearKernel.onednn and not onednn_available():
         pytest.skip("this torch has no oneDNN")
     model = random_model(vocab=50, seed=0)
+    onednn_available.cache_clear()  # its probe too, which the first search on the CPU runs
     state = torch.get_rng_state()
+    onednn_available()
     copied = cpu_linear_copy(model, kernel)
     with torch.no_grad():
         copied.decode(TARGETS, copied.encode(SOURCES))
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_without_a_working_onednn_product_float32_calls_search_with_the_model(
+    random_model, monkeypatch
+):
+    def missing_kernel(self, x):
+        raise RuntimeError("no kernel for this CPU")  # as a build without the op would fail
+
+    monkeypatch.setattr(OneDnnLinear, "forward", missing_kernel)
+    onednn_available.cache_clear()
+    try:
+        assert not onednn_available()
+        search = ModelSearch(random_model(vocab=50, seed=0), torch.device("cpu"))
+        assert search.searching(DecodeConfig()) is search.ensemble
+        assert len(search.search([[5, 6, 7]], DecodeConfig(max_len_b=3))) == 1
+    finally:
+        onednn_available.cache_clear()  # the next test probes the real kernel again

@@ -26,6 +26,7 @@ model changes.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import warnings
 from enum import Enum
@@ -43,12 +44,20 @@ class LinearKernel(str, Enum):
     int8 = "int8"
 
 
+@functools.cache
 def onednn_available() -> bool:
-    """Whether this torch has oneDNN and its prepacked linear product (x86 and Arm builds do)."""
-    try:
-        return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._linear_pointwise)
-    except (AttributeError, RuntimeError):  # an op torch does not have
+    """Whether this torch's oneDNN prepacks and multiplies a weight on this CPU (x86 and Arm
+    builds have the ops): tried once on a 2 x 2 product, so that a build or CPU without them
+    decodes with F.linear instead of failing."""
+    if not torch.backends.mkldnn.is_available():
         return False
+    probe = skip_init(nn.Linear, 2, 2, bias=False)  # no draw from torch's generator
+    nn.init.ones_(probe.weight)
+    try:
+        product = OneDnnLinear(probe)(torch.ones(1, 2))
+    except (AttributeError, NotImplementedError, RuntimeError):  # an op torch does not have
+        return False
+    return torch.equal(product, torch.full((1, 2), 2.0))
 
 
 class OneDnnLinear(nn.Module):
