@@ -94,8 +94,9 @@ bench-serve: $(STAMP) ## tmt-serve under 8 concurrent 1-sentence clients: reques
 bench-data: $(STAMP) ## data preparation at WMT scale: pairs/s, peak RSS, padding, shared stores
 	$(BIN)/python scripts/bench_data.py $(ARGS)
 
-bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference, CTranslate2; tmt-translate on a 10,000-line file (RUN=Multi30k run)
+bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference, CTranslate2; a step's kernels; tmt-translate on a 10,000-line file (RUN=Multi30k run)
 	$(BIN)/python scripts/bench_decode.py $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
+	$(BIN)/python scripts/bench_decode_kernels.py
 	$(BIN)/python scripts/bench_translate_file.py $(if $(filter command line,$(origin RUN)),--run $(RUN))
 
 fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters

@@ -11,7 +11,9 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
       a sentence ends once 4 hypotheses have finished), which is the same work as (c); with
       torch's F.linear in place of the default oneDNN prepacked weights (decode.cpu_linear=torch,
       CTranslate2's stopping rule); and with int8 weights (decode.quantize=int8, CTranslate2's
-      stopping rule), beside (c) int8;
+      stopping rule), beside (c) int8, and so again in a process whose malloc hands freed memory
+      back to the kernel (glibc's default; load_translator's keep_freed_memory=False) where the
+      others keep it, as the commands do;
   (b) reference: the tutorial approach, kept in this file as the yardstick: one sentence at a
       time, and at every step one decoder call per beam over its whole prefix, without a cache
       (the same search rule as ours, so the outputs should be the same); it is slow, so it is
@@ -22,7 +24,8 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
 Timed runs are interleaved over --rounds rounds (a, a int8, c fp32, c int8, a, ...), each in a
 process of its own (in one process, torch's and CTranslate2's thread pools slow each other's
 next run on a small machine), and each system's fastest round is reported, with the load
-average around it (the machine is shared). Every output is scored with sacreBLEU. Parity:
+average around it (the machine is shared); the ratios are given twice: of the fastest rounds, and
+the median of the ratios within a round. Every output is scored with sacreBLEU. Parity:
 greedy outputs of ours and of CTranslate2 float32, token for token, and their BLEU difference.
 --sentences N: the first N test sentences only (a quick check that the script runs:
 `--sentences 20 --reference-sentences 2 --rounds 1`).
@@ -50,6 +53,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,12 +91,14 @@ OURS = "(a) ours (Translator, KV cache)"
 OURS_EARLY = "(a) ours, CTranslate2's stopping"
 OURS_INT8 = "(a) ours int8, CTranslate2's stopping"
 OURS_TORCH = "(a) ours F.linear, CTranslate2's stopping"
+OURS_INT8_GLIBC = "(a) ours int8, glibc's default malloc"
 EARLY = dataclasses.replace(PAPER, stop_early=True)
 OURS_DECODE = {
     OURS: PAPER,
     OURS_EARLY: EARLY,
     OURS_TORCH: dataclasses.replace(EARLY, cpu_linear=CpuLinear.torch),
     OURS_INT8: dataclasses.replace(EARLY, quantize=Quantize.int8),
+    OURS_INT8_GLIBC: dataclasses.replace(EARLY, quantize=Quantize.int8),
 }
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
@@ -106,9 +112,11 @@ def timed(translate: Callable[[list[str]], list[str]], sources: list[str]):
 
 
 def interleaved(systems: list[str], args, sources: list[str], folder: Path) -> dict:
-    """name -> (fastest seconds, outputs, load average before/after that run); every timed run
-    is a fresh process (`--time-one NAME`) that warms up, then translates all sources once."""
+    """name -> (fastest seconds, outputs, load average before/after that run, every round's
+    seconds); every timed run is a fresh process (`--time-one NAME`) that warms up, then
+    translates all sources once."""
     best: dict = {}
+    rounds: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(args.rounds):
         for name in systems:
             command = [sys.executable, __file__, "--run", args.run, "--checkpoint", args.checkpoint]
@@ -116,16 +124,20 @@ def interleaved(systems: list[str], args, sources: list[str], folder: Path) -> d
             command += ["--sentences", str(args.sentences)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
             seconds, outputs, load = json.loads(done.stdout)
+            rounds[name].append(seconds)
             if name not in best or seconds < best[name][0]:
                 best[name] = (seconds, outputs, tuple(load))
-    return best
+    return {name: (*best[name], rounds[name]) for name in systems}
 
 
 def time_one(args, sources: list[str]) -> None:
     """One timed translation of `sources` by system args.time_one, as JSON on stdout."""
     if args.time_one in OURS_DECODE:
         decode = OURS_DECODE[args.time_one]
-        system = load_translator(args.run, args.checkpoint, decode=decode, device="cpu")
+        keep = args.time_one != OURS_INT8_GLIBC
+        system = load_translator(
+            args.run, args.checkpoint, decode=decode, device="cpu", keep_freed_memory=keep
+        )
     else:
         system = translator_from_export(
             args.export,
@@ -240,7 +252,7 @@ def benchmark(args, folder: Path) -> None:
         "in a process of its own:"
     )
     results = interleaved([*OURS_DECODE, *CT2_TYPES], args, sources, folder)
-    for name, (seconds, outputs, load) in results.items():
+    for name, (seconds, outputs, load, _) in results.items():
         print(row(name, len(sources), seconds, bleu(outputs, references), load))
 
     report_reference(args, ours, sources, references)
@@ -280,20 +292,29 @@ def report_reference(args, ours: Translator, sources, references) -> None:
 
 def report_ratios(results: dict) -> None:
     """The target compares equal work: the same stopping rule. The exact rule's extra steps are
-    a choice of search, reported beside it."""
-    early_s, exact_s = results[OURS_EARLY][0], results[OURS][0]
-    fp32_s = results["(c) CTranslate2 float32"][0]
-    int8_s = results["(c) CTranslate2 int8"][0]
-    ours_int8_s, torch_s = results[OURS_INT8][0], results[OURS_TORCH][0]
+    a choice of search, reported beside it. Each ratio as fastest / fastest, then as the median
+    of its ratios within a round (one round: the same)."""
+    fp32, int8 = "(c) CTranslate2 float32", "(c) CTranslate2 int8"
+
+    def ratio(a: str, b: str) -> str:
+        fastest = results[a][0] / results[b][0]
+        within = statistics.median(x / y for x, y in zip(results[a][3], results[b][3], strict=True))
+        return f"{fastest:.2f} (median within a round {within:.2f})"
+
+    early_fp32 = results[OURS_EARLY][0] / results[fp32][0]
+    int8_int8 = results[OURS_INT8][0] / results[int8][0]
     print(
-        f"\nsame stopping rule: ours' time / CTranslate2 float32's: {early_s / fp32_s:.2f} "
-        f"(target <= 1.5: {verdict(early_s / fp32_s <= 1.5)}); / int8's: {early_s / int8_s:.2f}"
+        f"\nsame stopping rule: ours' time / CTranslate2 float32's: {ratio(OURS_EARLY, fp32)} "
+        f"(target <= 1.5: {verdict(early_fp32 <= 1.5)}); / int8's: {ratio(OURS_EARLY, int8)}"
         f"\nours float32 with oneDNN's prepacked weights (the default) / with torch's F.linear: "
-        f"{early_s / torch_s:.2f}"
-        f"\nours int8, same stopping rule: time / ours float32's: {ours_int8_s / early_s:.2f}; "
-        f"/ CTranslate2 int8's: {ours_int8_s / int8_s:.2f}"
+        f"{ratio(OURS_EARLY, OURS_TORCH)}"
+        f"\nours int8, same stopping rule: time / ours float32's: {ratio(OURS_INT8, OURS_EARLY)}"
+        f"; / CTranslate2 int8's: {ratio(OURS_INT8, int8)} (target <= 1.0: "
+        f"{verdict(int8_int8 <= 1.0)})"
+        f"\nours int8, freed memory kept (as the commands do) / glibc's default malloc: "
+        f"{ratio(OURS_INT8, OURS_INT8_GLIBC)}"
         f"\nours with the exact rule (the default; more steps) / CTranslate2 float32's: "
-        f"{exact_s / fp32_s:.2f}; / ours with CTranslate2's rule: {exact_s / early_s:.2f}"
+        f"{ratio(OURS, fp32)}; / ours with CTranslate2's rule: {ratio(OURS, OURS_EARLY)}"
     )
 
 
@@ -315,6 +336,7 @@ def report_parity(ours: Translator, theirs: Translator, sources, references, bea
     )
     compared = [*itertools.product((OURS_EARLY, OURS), CT2_TYPES)]
     compared += [(OURS_INT8, "(c) CTranslate2 int8"), (OURS_INT8, OURS_EARLY)]
+    compared += [(OURS_INT8_GLIBC, OURS_INT8)]
     for ours_name, name in compared:
         pairs = list(zip(beam[ours_name][1], beam[name][1], strict=True))
         differ = [(a, b) for a, b in pairs if a != b]

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model import DecoderCache, SelfAttention, Transformer, count_parameters
+from transformer_mt.model import (
+    DecoderCache,
+    SelfAttention,
+    Transformer,
+    attend_one_query,
+    count_parameters,
+)
 
 PAD = 0
 
@@ -98,6 +104,26 @@ def naive_attention(q, k, v, keep=None, causal=False):
             torch.ones(length, length, dtype=torch.bool).triu(1), float("-inf")
         )
     return scores.softmax(dim=-1) @ v
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_one_query_attention_equals_scaled_dot_product_attention(masked):
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 1, 8, generator=generator)
+    k, v = torch.randn(2, 3, 4, 6, 8, generator=generator).unbind(0)
+    keep = torch.rand(3, 6, generator=generator) > 0.4
+    keep[:, 0] = True  # every row attends somewhere
+    keep[1] = False  # one row masked but for its first key
+    keep[1, 0] = True
+    bias = torch.zeros(3, 6).masked_fill(~keep, -torch.inf) if masked else None
+    mask = keep[:, None, None, :] if masked else None
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(attend_one_query(q, k, v, bias), expected, atol=1e-6, rtol=0)
+    if masked:  # the masked keys' values play no part
+        v_changed = v.masked_fill(~keep[:, None, :, None], 1e6)
+        torch.testing.assert_close(
+            attend_one_query(q, k, v_changed, bias), expected, atol=1e-6, rtol=0
+        )
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -89,6 +89,14 @@ def test_bench_loss_compares_the_two_forms_at_toy_size():
     assert hidden < 1e-5, same
 
 
+def test_bench_decode_kernels_times_each_kernel_beside_the_form_it_replaced():
+    done = run(sys.executable, "scripts/bench_decode_kernels.py", "--reps", "1", "--threads", "1")
+    assert done.returncode == 0, done.stderr
+    assert len(re.findall(r"^  \d+ x \(\d+ x \d+\) +[\d.]+ +[\d.]+$", done.stdout, re.M)) == 7
+    assert len(re.findall(r"keys: unmasked \(self\).*masked \(cross\)", done.stdout)) == 3
+    assert "search.top_per_row" in done.stdout
+
+
 def test_profile_kinds_name_the_kernels_of_a_gpu_update(monkeypatch):
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     profile_step = importlib.import_module("profile_step")

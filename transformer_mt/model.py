@@ -95,6 +95,34 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)  # (B, L, D)
 
 
+def attend_one_query(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(Dh) + key_bias) v for one query row per (batch, head), what each step
+    of incremental decoding asks: q (B, H, 1, Dh), k and v (B, H, L, Dh), key_bias (B, L) with 0
+    at the keys to attend and -inf at the others, or None for all. Returns (B, H, 1, Dh).
+
+    The values of F.scaled_dot_product_attention up to float rounding, as two batched matrix
+    products around a softmax: on the CPU, SDPA's kernel (built to block long queries) took
+    1.6-2.1x their time at this shape (1,200 rows, 4 heads, 8-40 keys;
+    scripts/bench_decode_kernels.py).
+    """
+    batch, heads, _, head_dim = q.shape
+    q, k, v = (t.reshape(batch * heads, t.shape[2], head_dim) for t in (q, k, v))
+    scale = head_dim**-0.5
+    if key_bias is None:
+        scores = torch.bmm(q * scale, k.transpose(1, 2))  # (B*H, 1, L)
+    else:
+        bias = key_bias[:, None, None, :].expand(batch, heads, 1, k.shape[1])  # per head
+        bias = bias.reshape(batch * heads, 1, -1)
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
+    return torch.bmm(scores.softmax(dim=-1), v).view(batch, heads, 1, head_dim)
+
+
+def one_query_step(q: Tensor, training: bool) -> bool:
+    """Whether attention takes `attend_one_query`: one query row (a decoding step), no dropout,
+    on the CPU (measured there; on a GPU, SDPA's kernels handle this shape in one launch)."""
+    return q.shape[2] == 1 and not training and q.device.type == "cpu"
+
+
 def init_attention(in_projections: list[nn.Linear], out: nn.Linear, d_model: int) -> None:
     """fairseq's initialisation of attention (the paper states none): Xavier-uniform with gain
     2^-1/2 on each D x D block of the input projections (W^Q, W^K, W^V), which fairseq sets per
@@ -151,6 +179,8 @@ class SelfAttention(nn.Module):
                 mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device)
                 mask = mask.tril(diagonal=offset)
             causal = False  # one new position may attend to every cached one
+            if one_query_step(q, self.training):
+                return self.out(merge_heads(attend_one_query(q, k, v)))
         attended = F.scaled_dot_product_attention(
             q,
             k,
@@ -186,6 +216,10 @@ class CrossAttention(nn.Module):
             weights = scores.masked_fill(~src_keep[:, None, None, :], float("-inf")).softmax(-1)
             self.kept_weights.append(weights)  # (B, H, T, S)
             return self.out(merge_heads(weights @ v))
+        if one_query_step(q, self.training):
+            key_bias = torch.zeros(src_keep.shape, dtype=q.dtype, device=q.device)
+            key_bias.masked_fill_(~src_keep, -torch.inf)
+            return self.out(merge_heads(attend_one_query(q, k, v, key_bias)))
         attended = F.scaled_dot_product_attention(
             q,
             k,
@@ -357,8 +391,8 @@ class Transformer(nn.Module):
         """Every decoder layer's cross-attention keys and values, computed once into `cache`."""
         for layer in self.decoder[len(cache.cross_k) :]:
             memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
-            cache.cross_k.append(memory_k)
-            cache.cross_v.append(memory_v)
+            cache.cross_k.append(memory_k.contiguous())  # read at every step: laid out once
+            cache.cross_v.append(memory_v.contiguous())
 
     def decode(
         self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None

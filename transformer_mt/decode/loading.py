@@ -21,7 +21,7 @@ from transformer_mt.data.tokenizer import Tokenizers, load_tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
 from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import Translator
-from transformer_mt.device import resolve_device, use_cuda_device
+from transformer_mt.device import keep_freed_host_memory, resolve_device, use_cuda_device
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.files import file_sha256
 from transformer_mt.model import Transformer
@@ -66,23 +66,35 @@ def load_translator(
     *,
     decode: DecodeConfig | None = None,
     device: str = "auto",
+    keep_freed_memory: bool = True,
 ) -> Translator:
     """A Translator whose default decode settings are `decode` (None: DecodeConfig's). A
     `checkpoint` that names a folder written by tmt-export is run by CTranslate2. A list of
     checkpoints translates as their Ensemble (one: that checkpoint alone); a checkpoint inside
     another run's checkpoints/ must come with the same tokenizer files as run_dir's. origin:
-    the checkpoint's path and update (an ensemble: lists of them, in the order given)."""
+    the checkpoint's path and update (an ensemble: lists of them, in the order given).
+
+    keep_freed_memory: on the CPU, also make the process's malloc keep the memory it frees
+    (device.keep_freed_host_memory, as tmt-train does), what the commands use. Each decoding step
+    allocates logits of rows x vocabulary floats (38 MB for 1,200 rows and 8,000 pieces), which
+    glibc would otherwise map afresh, page by page, at every step (make bench-decode: "ours int8"
+    against "ours int8, glibc's default malloc")."""
     run = RunDir(run_dir)
     decode = decode or DecodeConfig()
     names = checkpoint_names(checkpoint)
     if len(names) == 1 and run.checkpoint(names[0]).is_dir():
-        return translator_from_export(run.checkpoint(names[0]), decode=decode, device=device)
+        folder = run.checkpoint(names[0])
+        return translator_from_export(
+            folder, decode=decode, device=device, keep_freed_memory=keep_freed_memory
+        )
     members = [load_member(run, name) for name in names]
     for member in members:
         log.info("translating with %s (update %d)", member.path, member.step)
     paths, steps = [str(m.path.resolve()) for m in members], [m.step for m in members]
     one = len(members) == 1
     target = resolve_device(device)
+    if target.type == "cpu" and keep_freed_memory:
+        keep_freed_host_memory()
     use_cuda_device(target)  # its GPU, and TF32 for decode.precision=fp32
     return Translator.for_model(
         Ensemble([m.model for m in members]),
@@ -134,10 +146,11 @@ def translator_from_export(
     device: str = "auto",
     compute_type: str = "default",
     threads: int = 0,
+    keep_freed_memory: bool = True,
 ) -> Translator:
     """A Translator over the model folder tmt-export wrote. compute_type: CTranslate2's (default:
     the type the weights were stored in; int8, float32, ...). threads: CPU threads (0: as many as
-    torch uses)."""
+    torch uses). keep_freed_memory: as load_translator's."""
     decode = decode or DecodeConfig()
     if decode.quantize != Quantize.none:
         raise ConfigError(
@@ -157,6 +170,8 @@ def translator_from_export(
         raise CheckpointError(f"{folder}: not a folder written by tmt-export (no {EXPORT_INFO})")
     info = json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
     target = resolve_device(device)
+    if target.type == "cpu" and keep_freed_memory:
+        keep_freed_host_memory()
     try:
         engine = ctranslate2.Translator(
             str(folder),

@@ -7,7 +7,7 @@ beams) and kept for every step. A sentence that is done leaves the batch:
 its rows are dropped from the tokens, the encoder output and the cache, so later steps compute
 only live sentences.
 
-Beam search is a pure step (`beam_step` and `survivors`: best candidates from logits)
+Beam search is a pure step (`beam_step` and `survivors`: best candidates from log-probabilities)
 inside a small loop that keeps finished hypotheses and reorders the KV cache by each survivor's
 origin. Scores are length-normalised with the GNMT penalty lp(Y) = ((5 + |Y|) / 6) ** alpha,
 where |Y| counts the generated tokens including EOS.
@@ -23,7 +23,7 @@ before its best hypothesis finishes. With alpha = 0 a beam of one is exactly gre
 
 Every search runs an `Ensemble`: a single model is the ensemble of one. Members keep their own
 encoder output and KV cache (`Decoders`), pruned and reordered together; the next-token
-distribution is the mean of the members' probabilities (`combined_logits`).
+distribution is the mean of the members' probabilities (`combined_log_probs`).
 
 What the loops decide on the host (which rows ended, which sentences are done, the tokens of a
 finished hypothesis) comes from the device in one copy per step (`host_values`): on a GPU each
@@ -120,9 +120,9 @@ class Decoders:
         for cache in self.caches:
             cache.reorder(rows)
 
-    def next_logits(self, last: Tensor) -> tuple[Tensor, Tensor]:
-        """combined_logits of the members' logits for the token after `last` (N, 1)."""
-        return combined_logits(
+    def next_log_probs(self, last: Tensor) -> Tensor:
+        """combined_log_probs of the members' logits for the token after `last` (N, 1)."""
+        return combined_log_probs(
             [
                 model.decode(last, encoded, cache)[:, -1].float()  # (N, V)
                 for model, encoded, cache in zip(
@@ -132,17 +132,19 @@ class Decoders:
         )
 
 
-def combined_logits(logits: list[Tensor]) -> tuple[Tensor, Tensor]:
-    """The members' next-token logits, each (N, V), as one model's: (logits, log-normaliser (N,))
-    whose difference is log(mean of the members' probabilities), fairseq's ensemble semantics.
-    One member: its own logits and log-normaliser (the searches turn only the candidates they
-    keep into log-probabilities, not the whole vocabulary). More: logsumexp over the members'
-    log-softmaxes, with log n as the normaliser."""
-    if len(logits) == 1:
-        return logits[0], torch.logsumexp(logits[0], dim=-1)
-    log_probs = torch.stack([member.log_softmax(dim=-1) for member in logits])  # (M, N, V)
-    combined = torch.logsumexp(log_probs, dim=0)  # (N, V)
-    return combined, combined.new_full(combined.shape[:1], math.log(len(logits)))
+def combined_log_probs(logits: list[Tensor]) -> Tensor:
+    """The members' next-token logits, each (N, V), as the log-probabilities (N, V) of the mean
+    of their probabilities: fairseq's ensemble semantics (logsumexp over the members'
+    log-softmaxes, minus log n); one member's own log-softmax.
+
+    One fused log_softmax over the vocabulary: on the CPU, torch.logsumexp (max, subtract, exp,
+    sum: four passes, a temporary as large as the logits) took about twice its time (1,200 x
+    8,000 logits; scripts/bench_decode_kernels.py), although it writes no log-probabilities.
+    """
+    log_probs = [member.log_softmax(dim=-1) for member in logits]
+    if len(log_probs) == 1:
+        return log_probs[0]
+    return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(len(log_probs))
 
 
 def host_values(*tensors: Tensor) -> list[list[float]]:
@@ -154,7 +156,7 @@ def host_values(*tensors: Tensor) -> list[list[float]]:
     return [values[end - t.numel() : end] for t, end in zip(tensors, ends, strict=True)]
 
 
-def next_token_logits(
+def next_token_log_probs(
     decoders: Decoders,
     last: Tensor,
     at_limit: Tensor | None,
@@ -164,26 +166,25 @@ def next_token_logits(
     bos_id: int,
     eos_id: int,
     unk_id: int | None = None,
-) -> tuple[Tensor, Tensor]:
-    """Logits (N, V) of the token after `last` (N, 1), the `step`-th generated one, with banned
-    tokens at -inf, and the log-normaliser (N,) of the full softmax: the log-probabilities are
-    logits - normaliser[:, None], without renormalising over the tokens left.
+) -> Tensor:
+    """Log-probabilities (N, V) of the token after `last` (N, 1), the `step`-th generated one,
+    with banned tokens at -inf (not renormalised over the tokens left).
 
     Banned: PAD, BOS and (given unk_id) the unknown piece; EOS before min_len generated tokens;
     anything but EOS in rows `at_limit` (N,). The limit wins over min_len. at_limit None: no row
     is at its limit (the searches know it on the host).
     """
-    logits, normaliser = decoders.next_logits(last)  # (N, V), (N,)
-    eos = logits[:, eos_id].clone() if at_limit is not None else None
+    log_probs = decoders.next_log_probs(last)  # (N, V)
+    eos = log_probs[:, eos_id].clone() if at_limit is not None else None
     pad_id = decoders.models[0].pad_id
     banned = [pad_id, bos_id] if unk_id is None else [pad_id, bos_id, unk_id]
-    logits[:, banned] = -torch.inf
+    log_probs[:, banned] = -torch.inf
     if step < min_len:
-        logits[:, eos_id] = -torch.inf
+        log_probs[:, eos_id] = -torch.inf
     if at_limit is not None:
-        logits[at_limit] = -torch.inf
-        logits[at_limit, eos_id] = eos[at_limit]
-    return logits, normaliser
+        log_probs[at_limit] = -torch.inf
+        log_probs[at_limit, eos_id] = eos[at_limit]
+    return log_probs
 
 
 def keep_rows(encoded: EncoderOutput, cache: DecoderCache, rows: Tensor) -> EncoderOutput:
@@ -223,7 +224,7 @@ def single_path_search(
     scores = torch.zeros(src.shape[0], device=src.device)
     results: list[Hypothesis | None] = [None] * src.shape[0]
     for step in range(max(row_limits)):
-        logits, normaliser = next_token_logits(
+        log_probs = next_token_log_probs(
             decoders,
             last[:, None],
             step + 1 >= limits if step + 1 >= min(row_limits) else None,
@@ -233,7 +234,6 @@ def single_path_search(
             eos_id=eos_id,
             unk_id=unk_id,
         )
-        log_probs = logits - normaliser.unsqueeze(1)  # (N, V)
         last = choose(log_probs)  # (N,)
         scores = scores + log_probs.gather(1, last[:, None]).squeeze(1)
         tokens, row_scores = host_values(last, scores)
@@ -282,25 +282,52 @@ def greedy_search(
 
 
 def beam_step(
-    logits: Tensor, normaliser: Tensor, scores: Tensor, n_candidates: int
+    log_probs: Tensor, scores: Tensor, n_candidates: int
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Best continuations of every beam.
 
-    logits: (B, K, V) next-token logits (banned tokens -inf) and normaliser (B, K) their
-    softmax's log-normaliser (next_token_logits); scores: (B, K) cumulative log-probabilities.
-    Returns (candidate scores, origin beam, token), each (B, n_candidates), best first.
+    log_probs: (B, K, V) next-token log-probabilities (banned tokens -inf; next_token_log_probs);
+    scores: (B, K) cumulative log-probabilities. Returns (candidate scores, origin beam, token),
+    each (B, n_candidates), best first.
 
-    A beam can only contribute its own best n_candidates tokens, whose order its logits already
-    give: the top-k runs over each beam's V logits, then over the K * n_candidates survivors,
-    and only those are turned into log-probabilities (not the (B, K, V) whole).
+    A beam can only contribute its own best n_candidates tokens: the top-k runs over each beam's
+    V log-probabilities, then over the K * n_candidates survivors (not the (B, K, V) sums).
     """
-    batch, beams, vocab = logits.shape
+    batch, beams, vocab = log_probs.shape
     per_beam = min(n_candidates, vocab)
-    top_logits, top_tokens = logits.topk(per_beam, dim=-1)  # (B, K, per_beam)
-    totals = top_logits - normaliser.unsqueeze(-1) + scores.unsqueeze(-1)
+    top_log_probs, top_tokens = top_per_row(log_probs, per_beam)  # (B, K, per_beam)
+    totals = top_log_probs + scores.unsqueeze(-1)
     cand_scores, flat_index = totals.view(batch, beams * per_beam).topk(n_candidates, dim=-1)
     token = top_tokens.view(batch, beams * per_beam).gather(1, flat_index)
     return cand_scores, flat_index // per_beam, token
+
+
+def top_per_row(values: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
+    """values.topk(k, dim=-1): the k largest entries of each row (the last dimension) and their
+    indices, largest first, for rows far wider than k (a beam's vocabulary).
+
+    torch.topk then runs over a small part of each row: the k blocks of `block` entries with the
+    largest maxima, and the row's tail after its last whole block. They hold the k largest
+    entries: an entry of any other block is at most the k-th largest block maximum, and the k
+    maxima are k entries at least as large. The maxima are a fast reduction; torch.topk on the
+    CPU is slow per entry (1,200 rows of 8,000: about half the time,
+    scripts/bench_decode_kernels.py). Equal entries may come in another order than torch.topk
+    gives them (which promises none)."""
+    *leading, width = values.shape
+    n_blocks = width // block
+    if n_blocks <= k:
+        return values.topk(k, dim=-1)
+    rows = values.reshape(-1, width)
+    whole = rows[:, : n_blocks * block].unflatten(1, (n_blocks, block))  # (R, n_blocks, block)
+    best = whole.amax(dim=-1).topk(k, dim=-1).indices  # (R, k) blocks
+    candidates = whole.gather(1, best[:, :, None].expand(-1, -1, block)).flatten(1)
+    index = (best[:, :, None] * block + torch.arange(block, device=values.device)).flatten(1)
+    if n_blocks * block < width:  # the tail, shorter than a block
+        candidates = torch.cat([candidates, rows[:, n_blocks * block :]], dim=1)
+        tail = torch.arange(n_blocks * block, width, device=values.device)
+        index = torch.cat([index, tail.expand(rows.shape[0], -1)], dim=1)
+    top, where = candidates.topk(k, dim=-1)
+    return top.view(*leading, k), index.gather(1, where).view(*leading, k)
 
 
 def survivors(
@@ -384,7 +411,7 @@ def beam_search(
     finished: list[list[Hypothesis]] = [[] for _ in sentence]
     for step in range(max(sentence_limits)):
         at_limit = [step + 1 >= limit for limit in sentence_limits]
-        logits, normaliser = next_token_logits(
+        log_probs = next_token_log_probs(
             decoders,
             last[:, None],
             step + 1 >= beam_limits if any(at_limit) else None,
@@ -394,9 +421,7 @@ def beam_search(
             eos_id=eos_id,
             unk_id=unk_id,
         )
-        cand_scores, origin, token = beam_step(
-            logits.view(len(sentence), k, -1), normaliser.view(len(sentence), k), scores, 2 * k
-        )
+        cand_scores, origin, token = beam_step(log_probs.view(len(sentence), k, -1), scores, 2 * k)
         scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
         on_host = StepOnHost(
             *host_values(

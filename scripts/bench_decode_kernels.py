@@ -1,0 +1,163 @@
+"""The kernels of a decoding step on the CPU, each beside the form it replaced, and where the time
+of a whole beam search goes (benchmarks/decode.txt quotes both).
+
+    .venv/bin/python scripts/bench_decode_kernels.py
+    .venv/bin/python scripts/bench_decode_kernels.py --profile RUN [--int8]
+
+At decoding's shapes (Multi30k's small model: D 256, 4 heads, 1,024-wide feed-forward, 8,000
+pieces; a batch of 4,000 source tokens is about 1,200 beam rows), in one process with --threads
+threads, each timed as the median of --reps calls after two warm-up calls:
+
+  - the linear products: torch's F.linear against oneDNN's with a weight prepacked once
+    (decode/cpu_linear.py), in GFLOP/s;
+  - attention of one query row against 8-40 keys (a decoding step's self- and cross-attention):
+    F.scaled_dot_product_attention against model.attend_one_query, in ms;
+  - the next-token distribution over the vocabulary: torch.logsumexp (the normaliser alone)
+    against F.log_softmax (the log-probabilities themselves); the per-beam top-k after it,
+    torch.topk against search.top_per_row.
+
+The process keeps freed memory as the commands do (device.keep_freed_host_memory).
+--profile: Translator.translate of the run's 1,000 test sentences (CTranslate2's stopping rule,
+as make bench-decode compares) under torch.profiler, after a warm-up on 32 of them: the
+operators with the largest shares of self CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_mt.config import DecodeConfig, Quantize
+from transformer_mt.decode.cpu_linear import OneDnnLinear
+from transformer_mt.decode.loading import load_translator
+from transformer_mt.decode.search import top_per_row
+from transformer_mt.device import keep_freed_host_memory
+from transformer_mt.model import attend_one_query
+from transformer_mt.run_dir import RunDir
+
+PRODUCTS = [  # rows x (out x in): the output projection at several batch sizes, then the layers
+    (16, 8000, 256),
+    (128, 8000, 256),
+    (600, 8000, 256),
+    (1200, 8000, 256),
+    (600, 768, 256),
+    (1200, 1024, 256),
+    (1200, 256, 1024),
+]
+ROWS, HEADS, HEAD_DIM, VOCAB, BEAM = 1200, 4, 64, 8000, 4
+
+
+def milliseconds(reps: int, function: Callable, *args, **kwargs) -> float:
+    """The median time of function(*args, **kwargs) over `reps` calls, after two warm-up calls."""
+    function(*args, **kwargs), function(*args, **kwargs)
+    times = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        function(*args, **kwargs)
+        times.append(time.perf_counter() - started)
+    return 1e3 * statistics.median(times)
+
+
+def report_products(reps: int) -> None:
+    print("linear products, GFLOP/s (F.linear / oneDNN prepacked):")
+    print(f"  {'rows x (out x in)':22s} {'F.linear':>9s} {'prepacked':>10s}")
+    for rows, out, width in PRODUCTS:
+        layer = nn.Linear(width, out, bias=False)
+        prepacked, x = OneDnnLinear(layer), torch.randn(rows, width)
+        flop = 2 * rows * out * width
+        with torch.no_grad():
+            plain = flop / milliseconds(reps, F.linear, x, layer.weight) / 1e6
+            packed = flop / milliseconds(reps, prepacked, x) / 1e6
+        print(f"  {f'{rows} x ({out} x {width})':22s} {plain:9.1f} {packed:10.1f}")
+
+
+def report_attention(reps: int) -> None:
+    print(f"\nattention of one query row, {ROWS} rows x {HEADS} heads, ms (SDPA / ours):")
+    for keys in (8, 20, 40):
+        q = torch.randn(ROWS, HEADS, 1, HEAD_DIM)
+        k, v = torch.randn(2, ROWS, HEADS, keys, HEAD_DIM).unbind(0)
+        keep = torch.rand(ROWS, keys) > 0.1
+        keep[:, 0] = True
+        bias = torch.zeros(ROWS, keys).masked_fill(~keep, -torch.inf)
+        mask = keep[:, None, None, :]
+        self_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v)
+        self_ours = milliseconds(reps, attend_one_query, q, k, v)
+        cross_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
+        cross_ours = milliseconds(reps, attend_one_query, q, k, v, bias)
+        print(
+            f"  {keys:2d} keys: unmasked (self) {self_sdpa:6.2f} / {self_ours:5.2f} "
+            f"({self_sdpa / self_ours:.1f}x); masked (cross) {cross_sdpa:6.2f} / "
+            f"{cross_ours:5.2f} ({cross_sdpa / cross_ours:.1f}x)"
+        )
+
+
+def report_distribution(reps: int) -> None:
+    logits = torch.randn(ROWS, VOCAB)
+    normaliser = milliseconds(reps, torch.logsumexp, logits, dim=-1)
+    log_softmax = milliseconds(reps, F.log_softmax, logits, dim=-1)
+    top = milliseconds(reps, torch.topk, logits, 2 * BEAM, dim=-1)
+    blocked = milliseconds(reps, top_per_row, logits, 2 * BEAM)
+    print(
+        f"\nnext-token distribution, {ROWS} x {VOCAB} logits, ms: torch.logsumexp {normaliser:.2f}"
+        f", F.log_softmax {log_softmax:.2f} ({normaliser / log_softmax:.1f}x); the {2 * BEAM} "
+        f"largest of each row: torch.topk {top:.2f}, search.top_per_row {blocked:.2f} "
+        f"({top / blocked:.1f}x)"
+    )
+
+
+def report_profile(run: str, int8: bool, top: int) -> None:
+    data = RunDir(run).data_config()
+    path = Path(data.dir) / f"{data.test_split}.{data.src_lang}"
+    sources = path.read_text(encoding="utf-8").splitlines()
+    decode = DecodeConfig(stop_early=True)
+    if int8:
+        decode = dataclasses.replace(decode, quantize=Quantize.int8)
+    translator = load_translator(run, decode=decode, device="cpu")
+    translator.translate(sources[:32])
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        started = time.perf_counter()
+        translator.translate(sources)
+        wall = time.perf_counter() - started
+    events = sorted(profile.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    total = sum(e.self_cpu_time_total for e in events)
+    kind = "int8" if int8 else "float32"
+    print(
+        f"\nwhere a beam search goes: {run}, {len(sources)} sentences of {path.name}, {kind}, "
+        f"{wall:.2f} s under the profiler; share of self CPU time:"
+    )
+    for event in events[:top]:
+        share = 100 * event.self_cpu_time_total / total
+        print(f"  {event.key[:45]:45s} {share:5.1f}%  {event.count:6d} calls")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=30, help="timed calls of each kernel")
+    parser.add_argument("--profile", metavar="RUN", help="profile a beam search of this run")
+    parser.add_argument("--int8", action="store_true", help="--profile: decode.quantize=int8")
+    parser.add_argument("--top", type=int, default=12, help="--profile: operators listed")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    keep_freed_host_memory()
+    print(f"# torch {torch.__version__}, {args.threads} threads")
+    if args.profile:
+        report_profile(args.profile, args.int8, args.top)
+        return
+    report_products(args.reps)
+    report_attention(args.reps)
+    report_distribution(args.reps)
+
+
+if __name__ == "__main__":
+    main()
