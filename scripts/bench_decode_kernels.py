@@ -13,8 +13,7 @@ threads, each timed as the median of --reps calls after two warm-up calls:
   - attention of one query row against 8-40 keys (a decoding step's self- and cross-attention):
     F.scaled_dot_product_attention against model.attend_one_query, in ms;
   - the next-token distribution over the vocabulary: torch.logsumexp (the normaliser alone)
-    against F.log_softmax (the log-probabilities themselves); the per-beam top-k after it,
-    torch.topk against search.top_per_row.
+    against F.log_softmax (the log-probabilities themselves); the per-beam top-k after it.
 
 The process keeps freed memory as the commands do (device.keep_freed_host_memory).
 --profile: Translator.translate of the run's 1,000 test sentences (CTranslate2's stopping rule,
@@ -36,9 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from transformer_mt.config import DecodeConfig, Quantize
-from transformer_mt.decode.cpu_linear import OneDnnLinear
+from transformer_mt.decode.cpu_linear import OneDnnLinear, onednn_available
 from transformer_mt.decode.loading import load_translator
-from transformer_mt.decode.search import top_per_row
 from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.model import attend_one_query
 from transformer_mt.run_dir import RunDir
@@ -67,6 +65,9 @@ def milliseconds(reps: int, function: Callable, *args, **kwargs) -> float:
 
 
 def report_products(reps: int) -> None:
+    if not onednn_available():
+        print("linear products: this torch or CPU has no oneDNN product (decoding uses F.linear)")
+        return
     print("linear products, GFLOP/s (F.linear / oneDNN prepacked):")
     print(f"  {'rows x (out x in)':22s} {'F.linear':>9s} {'prepacked':>10s}")
     for rows, out, width in PRODUCTS:
@@ -86,12 +87,11 @@ def report_attention(reps: int) -> None:
         k, v = torch.randn(2, ROWS, HEADS, keys, HEAD_DIM).unbind(0)
         keep = torch.rand(ROWS, keys) > 0.1
         keep[:, 0] = True
-        bias = torch.zeros(ROWS, keys).masked_fill(~keep, -torch.inf)
         mask = keep[:, None, None, :]
         self_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v)
         self_ours = milliseconds(reps, attend_one_query, q, k, v)
         cross_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
-        cross_ours = milliseconds(reps, attend_one_query, q, k, v, bias)
+        cross_ours = milliseconds(reps, attend_one_query, q, k, v, keep)
         print(
             f"  {keys:2d} keys: unmasked (self) {self_sdpa:6.2f} / {self_ours:5.2f} "
             f"({self_sdpa / self_ours:.1f}x); masked (cross) {cross_sdpa:6.2f} / "
@@ -104,12 +104,10 @@ def report_distribution(reps: int) -> None:
     normaliser = milliseconds(reps, torch.logsumexp, logits, dim=-1)
     log_softmax = milliseconds(reps, F.log_softmax, logits, dim=-1)
     top = milliseconds(reps, torch.topk, logits, 2 * BEAM, dim=-1)
-    blocked = milliseconds(reps, top_per_row, logits, 2 * BEAM)
     print(
         f"\nnext-token distribution, {ROWS} x {VOCAB} logits, ms: torch.logsumexp {normaliser:.2f}"
         f", F.log_softmax {log_softmax:.2f} ({normaliser / log_softmax:.1f}x); the {2 * BEAM} "
-        f"largest of each row: torch.topk {top:.2f}, search.top_per_row {blocked:.2f} "
-        f"({top / blocked:.1f}x)"
+        f"largest of each row (torch.topk) {top:.2f}"
     )
 
 

@@ -20,7 +20,7 @@ from transformer_mt.commands.export import export
 from transformer_mt.config import DecodeConfig, ExportJob, ModelConfig, Strategy, compose_job
 from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
-from transformer_mt.decode import ctranslate2_backend
+from transformer_mt.decode import ctranslate2_backend, loading
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.translator import Translator
@@ -191,6 +191,20 @@ def test_translate_uses_the_export_named_as_checkpoint(needs_ctranslate2, run_di
     ours = load_translator(run_dir, decode=GREEDY, device="cpu")
     sentences = ["the dog sees the cat.", "a small house by the river."]
     assert translator.translate(sentences) == ours.translate(sentences)
+
+
+def test_loading_on_the_cpu_keeps_freed_memory_unless_told_not_to(
+    needs_ctranslate2, run_dir, monkeypatch
+):
+    calls = []
+    monkeypatch.setattr(loading, "keep_freed_host_memory", lambda: calls.append(1) or True)
+    export(ExportJob(run_dir=str(run_dir)))
+    for checkpoint in ("last.pt", "ctranslate2"):  # our model, then CTranslate2's
+        load_translator(run_dir, checkpoint, decode=GREEDY, device="cpu", keep_freed_memory=False)
+        assert calls == []
+        load_translator(run_dir, checkpoint, decode=GREEDY, device="cpu")
+        assert len(calls) == 1
+        calls.clear()
 
 
 def test_int8_export_translates(needs_ctranslate2, run_dir):

@@ -115,14 +115,14 @@ def test_one_query_attention_equals_scaled_dot_product_attention(masked):
     keep[:, 0] = True  # every row attends somewhere
     keep[1] = False  # one row masked but for its first key
     keep[1, 0] = True
-    bias = torch.zeros(3, 6).masked_fill(~keep, -torch.inf) if masked else None
+    keep = keep if masked else None
     mask = keep[:, None, None, :] if masked else None
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(attend_one_query(q, k, v, bias), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(attend_one_query(q, k, v, keep), expected, atol=1e-6, rtol=0)
     if masked:  # the masked keys' values play no part
         v_changed = v.masked_fill(~keep[:, None, :, None], 1e6)
         torch.testing.assert_close(
-            attend_one_query(q, k, v_changed, bias), expected, atol=1e-6, rtol=0
+            attend_one_query(q, k, v_changed, keep), expected, atol=1e-6, rtol=0
         )
 
 

@@ -95,32 +95,34 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)  # (B, L, D)
 
 
-def attend_one_query(q: Tensor, k: Tensor, v: Tensor, key_bias: Tensor | None = None) -> Tensor:
-    """softmax(q k^T / sqrt(Dh) + key_bias) v for one query row per (batch, head), what each step
-    of incremental decoding asks: q (B, H, 1, Dh), k and v (B, H, L, Dh), key_bias (B, L) with 0
-    at the keys to attend and -inf at the others, or None for all. Returns (B, H, 1, Dh).
+def attend_one_query(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(Dh)) v over the keys to attend, for one query row per (batch, head),
+    what each step of incremental decoding asks: q (B, H, 1, Dh), k and v (B, H, L, Dh), keep
+    (B, L) True at the keys to attend (None: all). Returns (B, H, 1, Dh).
 
     The values of F.scaled_dot_product_attention up to float rounding, as two batched matrix
     products around a softmax: on the CPU, SDPA's kernel (built to block long queries) took
-    1.6-2.1x their time at this shape (1,200 rows, 4 heads, 8-40 keys;
-    scripts/bench_decode_kernels.py).
+    1.3-2.1x their time at this shape (1,200 rows, 4 heads, 8-40 keys, the mask's bias built in
+    the call; scripts/bench_decode_kernels.py, two runs in benchmarks/decode.txt's history).
     """
     batch, heads, _, head_dim = q.shape
     q, k, v = (t.reshape(batch * heads, t.shape[2], head_dim) for t in (q, k, v))
     scale = head_dim**-0.5
-    if key_bias is None:
+    if keep is None:
         scores = torch.bmm(q * scale, k.transpose(1, 2))  # (B*H, 1, L)
     else:
-        bias = key_bias[:, None, None, :].expand(batch, heads, 1, k.shape[1])  # per head
-        bias = bias.reshape(batch * heads, 1, -1)
+        bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device)
+        bias = bias.masked_fill(~keep, -torch.inf)[:, None, None, :]  # (B, 1, 1, L)
+        bias = bias.expand(batch, heads, 1, k.shape[1]).reshape(batch * heads, 1, -1)
         scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
     return torch.bmm(scores.softmax(dim=-1), v).view(batch, heads, 1, head_dim)
 
 
 def one_query_step(q: Tensor, training: bool) -> bool:
     """Whether attention takes `attend_one_query`: one query row (a decoding step), no dropout,
-    on the CPU (measured there; on a GPU, SDPA's kernels handle this shape in one launch)."""
-    return q.shape[2] == 1 and not training and q.device.type == "cpu"
+    in float32 on the CPU (measured there; on a GPU SDPA's kernels handle this shape in one
+    launch, and under bf16 autocast SDPA keeps its scores in float32 where bmm would round them)."""
+    return q.shape[2] == 1 and not training and q.device.type == "cpu" and q.dtype == torch.float32
 
 
 def init_attention(in_projections: list[nn.Linear], out: nn.Linear, d_model: int) -> None:
@@ -180,7 +182,7 @@ class SelfAttention(nn.Module):
                 mask = mask.tril(diagonal=offset)
             causal = False  # one new position may attend to every cached one
             if one_query_step(q, self.training):
-                return self.out(merge_heads(attend_one_query(q, k, v)))
+                return self.out(merge_heads(attend_one_query(q, k, v, keep)))
         attended = F.scaled_dot_product_attention(
             q,
             k,
@@ -217,9 +219,7 @@ class CrossAttention(nn.Module):
             self.kept_weights.append(weights)  # (B, H, T, S)
             return self.out(merge_heads(weights @ v))
         if one_query_step(q, self.training):
-            key_bias = torch.zeros(src_keep.shape, dtype=q.dtype, device=q.device)
-            key_bias.masked_fill_(~src_keep, -torch.inf)
-            return self.out(merge_heads(attend_one_query(q, k, v, key_bias)))
+            return self.out(merge_heads(attend_one_query(q, k, v, src_keep)))
         attended = F.scaled_dot_product_attention(
             q,
             k,

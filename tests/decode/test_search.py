@@ -10,8 +10,7 @@ import torch.nn.functional as F
 from reference_search import reference_beam_search
 
 from transformer_mt.config import DecodeConfig
-from transformer_mt.decode import search as search_module
-from transformer_mt.decode.search import beam_search, greedy_search, length_penalty, top_per_row
+from transformer_mt.decode.search import beam_search, greedy_search, length_penalty
 from transformer_mt.model import EncoderOutput, Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -158,31 +157,6 @@ def test_pruning_finished_sentences_changes_nothing_but_the_work(random_model, s
     for with_pruning, without in zip(pruned, kept, strict=True):
         assert [h.tokens for h in with_pruning] == [h.tokens for h in without]
         assert [h.score for h in with_pruning] == pytest.approx([h.score for h in without])
-
-
-@pytest.mark.parametrize("width", [8000, 1000, 600, 100])
-def test_top_per_row_equals_torch_topk(width):
-    generator = torch.Generator().manual_seed(width)
-    values = torch.randn(3, 4, width, generator=generator)  # distinct values: one right answer
-    values[0, 0, 5:] = -torch.inf  # a row with fewer finite entries than k
-    values[0, 1, -1] = 50.0  # a row's best at its end: in the tail of widths 1000 and 600
-    expected = values.topk(8, dim=-1)
-    top, index = top_per_row(values, 8)
-    assert torch.equal(top, expected.values)
-    finite = expected.values.isfinite()
-    assert torch.equal(index[finite], expected.indices[finite])
-    assert torch.equal(values.gather(-1, index), top)  # -inf entries too: indices of -inf
-
-
-def test_beam_search_over_a_large_vocabulary_equals_it_with_torch_topk(random_model, monkeypatch):
-    model = random_model(vocab=1000, seed=0, sharpen=2.0, eos_bonus=3.0)
-    src = varied_lengths_batch(1000, 0)
-    search = {"beam_size": 4, "bos_id": BOS, "eos_id": EOS, "max_len_b": 10}
-    blocked = beam_search(model, src, **search)
-    monkeypatch.setattr(search_module, "top_per_row", lambda v, k: v.topk(k, dim=-1))
-    plain = beam_search(model, src, **search)
-    assert [[h.tokens for h in hs] for hs in blocked] == [[h.tokens for h in hs] for hs in plain]
-    assert len({len(hs[0].tokens) for hs in plain}) > 2  # outputs of several lengths
 
 
 def test_cross_attention_keys_and_values_are_computed_once_per_sentence(random_model):

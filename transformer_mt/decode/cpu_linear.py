@@ -5,11 +5,12 @@ and output projection multiply with weights made ready for one kernel, once, whe
   reordered into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`) and
   multiplied by `torch.ops.mkldnn._linear_pointwise`, the pair that torch.compile's CPU freezing
   puts in place of nn.Linear. torch's F.linear on the CPU gives MKL the weight as it lies; at
-  decoding's shapes (a few to a few thousand rows, 256-1024 wide) that ran 1.3-3x slower than
-  the prepacked product on this project's 2-core machine (but on a 1,200-row output
-  projection, where neither is faster), and a beam search with the prepacked product took 0.93x
-  the time (benchmarks/decode.txt). The same float32 products, summed in another order: results
-  differ by float32 rounding, so a near-tie in a search may rank the other way.
+  decoding's shapes (a few to a few thousand rows, 256-1024 wide) that ran 1.1-3.2x slower than
+  the prepacked product on this project's 2-core machine (scripts/bench_decode_kernels.py, in a
+  process that keeps freed memory as the commands do), and a beam search with the prepacked
+  product took 0.85x the time (benchmarks/decode.txt). The same float32 products, summed in
+  another order: results differ by float32 rounding, so a near-tie in a search may rank the
+  other way.
 - `int8` (decode.quantize=int8): PyTorch's dynamic quantization
   (`torch.ao.quantization.quantize_dynamic`, qint8): int8 weights with one scale per output row;
   each call quantizes its input from the input's own range, multiplies in int8 and returns

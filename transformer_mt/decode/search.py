@@ -138,7 +138,7 @@ def combined_log_probs(logits: list[Tensor]) -> Tensor:
     log-softmaxes, minus log n); one member's own log-softmax.
 
     One fused log_softmax over the vocabulary: on the CPU, torch.logsumexp (max, subtract, exp,
-    sum: four passes, a temporary as large as the logits) took about twice its time (1,200 x
+    sum: four passes, a temporary as large as the logits) took 1.7-1.9x its time (1,200 x
     8,000 logits; scripts/bench_decode_kernels.py), although it writes no log-probabilities.
     """
     log_probs = [member.log_softmax(dim=-1) for member in logits]
@@ -295,39 +295,11 @@ def beam_step(
     """
     batch, beams, vocab = log_probs.shape
     per_beam = min(n_candidates, vocab)
-    top_log_probs, top_tokens = top_per_row(log_probs, per_beam)  # (B, K, per_beam)
+    top_log_probs, top_tokens = log_probs.topk(per_beam, dim=-1)  # (B, K, per_beam)
     totals = top_log_probs + scores.unsqueeze(-1)
     cand_scores, flat_index = totals.view(batch, beams * per_beam).topk(n_candidates, dim=-1)
     token = top_tokens.view(batch, beams * per_beam).gather(1, flat_index)
     return cand_scores, flat_index // per_beam, token
-
-
-def top_per_row(values: Tensor, k: int, block: int = 64) -> tuple[Tensor, Tensor]:
-    """values.topk(k, dim=-1): the k largest entries of each row (the last dimension) and their
-    indices, largest first, for rows far wider than k (a beam's vocabulary).
-
-    torch.topk then runs over a small part of each row: the k blocks of `block` entries with the
-    largest maxima, and the row's tail after its last whole block. They hold the k largest
-    entries: an entry of any other block is at most the k-th largest block maximum, and the k
-    maxima are k entries at least as large. The maxima are a fast reduction; torch.topk on the
-    CPU is slow per entry (1,200 rows of 8,000: about half the time,
-    scripts/bench_decode_kernels.py). Equal entries may come in another order than torch.topk
-    gives them (which promises none)."""
-    *leading, width = values.shape
-    n_blocks = width // block
-    if n_blocks <= k:
-        return values.topk(k, dim=-1)
-    rows = values.reshape(-1, width)
-    whole = rows[:, : n_blocks * block].unflatten(1, (n_blocks, block))  # (R, n_blocks, block)
-    best = whole.amax(dim=-1).topk(k, dim=-1).indices  # (R, k) blocks
-    candidates = whole.gather(1, best[:, :, None].expand(-1, -1, block)).flatten(1)
-    index = (best[:, :, None] * block + torch.arange(block, device=values.device)).flatten(1)
-    if n_blocks * block < width:  # the tail, shorter than a block
-        candidates = torch.cat([candidates, rows[:, n_blocks * block :]], dim=1)
-        tail = torch.arange(n_blocks * block, width, device=values.device)
-        index = torch.cat([index, tail.expand(rows.shape[0], -1)], dim=1)
-    top, where = candidates.topk(k, dim=-1)
-    return top.view(*leading, k), index.gather(1, where).view(*leading, k)
 
 
 def survivors(
