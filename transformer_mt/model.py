@@ -102,8 +102,8 @@ def attend_one_query(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None
 
     The values of F.scaled_dot_product_attention up to float rounding, as two batched matrix
     products around a softmax: on the CPU, SDPA's kernel (built to block long queries) took
-    1.3-2.1x their time at this shape (1,200 rows, 4 heads, 8-40 keys, the mask's bias built in
-    the call; scripts/bench_decode_kernels.py, two runs in benchmarks/decode.txt's history).
+    1.3-1.7x their time at this shape (1,200 rows, 4 heads, 8-40 keys, the mask's bias built in
+    the call; scripts/bench_decode_kernels.py, benchmarks/decode.txt).
     """
     batch, heads, _, head_dim = q.shape
     q, k, v = (t.reshape(batch * heads, t.shape[2], head_dim) for t in (q, k, v))

@@ -138,7 +138,7 @@ def combined_log_probs(logits: list[Tensor]) -> Tensor:
     log-softmaxes, minus log n); one member's own log-softmax.
 
     One fused log_softmax over the vocabulary: on the CPU, torch.logsumexp (max, subtract, exp,
-    sum: four passes, a temporary as large as the logits) took 1.7-1.9x its time (1,200 x
+    sum: four passes, a temporary as large as the logits) took 1.7x its time (1,200 x
     8,000 logits; scripts/bench_decode_kernels.py), although it writes no log-probabilities.
     """
     log_probs = [member.log_softmax(dim=-1) for member in logits]
