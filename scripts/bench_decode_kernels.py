@@ -11,7 +11,11 @@ threads, each timed as the median of --reps calls after two warm-up calls:
   - the linear products: torch's F.linear against oneDNN's with a weight prepacked once
     (decode/cpu_linear.py), in GFLOP/s;
   - attention of one query row against 8-40 keys (a decoding step's self- and cross-attention):
-    F.scaled_dot_product_attention against model.attend_one_query, in ms;
+    F.scaled_dot_product_attention against model.attend_few_queries, in ms;
+  - beam search's shared rows: a step's cross-attention of a sentence's 4 beams against keys
+    and values copied to every beam, against those of the sentence read by its beams together
+    (model.rows_by_source); the self-attention cache reordered by a gather and then grown by a
+    concatenation, against both in one copy (model.appended), in ms;
   - the next-token distribution over the vocabulary: torch.logsumexp (the normaliser alone)
     against F.log_softmax (the log-probabilities themselves); the per-beam top-k after it.
 
@@ -38,7 +42,7 @@ from transformer_mt.config import DecodeConfig, Quantize
 from transformer_mt.decode.cpu_linear import OneDnnLinear, onednn_available
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.device import keep_freed_host_memory
-from transformer_mt.model import attend_one_query
+from transformer_mt.model import appended, attend_few_queries, rows_by_source, rows_by_target
 from transformer_mt.run_dir import RunDir
 
 PRODUCTS = [  # rows x (out x in): the output projection at several batch sizes, then the layers
@@ -80,22 +84,61 @@ def report_products(reps: int) -> None:
         print(f"  {f'{rows} x ({out} x {width})':22s} {plain:9.1f} {packed:10.1f}")
 
 
+def step_attention_inputs(sources: int, keys: int) -> tuple[torch.Tensor, ...]:
+    """A decoding step's attention inputs: q (ROWS, H, 1, Dh); k, v (sources, H, keys, Dh) and
+    keep (sources, keys), a tenth of the keys masked (never the first)."""
+    q = torch.randn(ROWS, HEADS, 1, HEAD_DIM)
+    k, v = torch.randn(2, sources, HEADS, keys, HEAD_DIM).unbind(0)
+    keep = torch.rand(sources, keys) > 0.1
+    keep[:, 0] = True
+    return q, k, v, keep
+
+
 def report_attention(reps: int) -> None:
     print(f"\nattention of one query row, {ROWS} rows x {HEADS} heads, ms (SDPA / ours):")
     for keys in (8, 20, 40):
-        q = torch.randn(ROWS, HEADS, 1, HEAD_DIM)
-        k, v = torch.randn(2, ROWS, HEADS, keys, HEAD_DIM).unbind(0)
-        keep = torch.rand(ROWS, keys) > 0.1
-        keep[:, 0] = True
+        q, k, v, keep = step_attention_inputs(ROWS, keys)
         mask = keep[:, None, None, :]
         self_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v)
-        self_ours = milliseconds(reps, attend_one_query, q, k, v)
+        self_ours = milliseconds(reps, attend_few_queries, q, k, v)
         cross_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
-        cross_ours = milliseconds(reps, attend_one_query, q, k, v, keep)
+        cross_ours = milliseconds(reps, attend_few_queries, q, k, v, keep)
         print(
             f"  {keys:2d} keys: unmasked (self) {self_sdpa:6.2f} / {self_ours:5.2f} "
             f"({self_sdpa / self_ours:.1f}x); masked (cross) {cross_sdpa:6.2f} / "
             f"{cross_ours:5.2f} ({cross_sdpa / cross_ours:.1f}x)"
+        )
+
+
+def report_shared_rows(reps: int) -> None:
+    sentences = ROWS // BEAM
+    print(f"\nbeam search's rows, {sentences} sentences x {BEAM} beams x {HEADS} heads, ms:")
+    for keys in (8, 20, 40):
+        q, k, v, keep = step_attention_inputs(sentences, keys)
+        copied = [t.repeat_interleave(BEAM, dim=0) for t in (k, v, keep)]
+
+        def together(q, k, v, keep):
+            return rows_by_target(attend_few_queries(rows_by_source(q, len(k)), k, v, keep), ROWS)
+
+        per_beam = milliseconds(reps, attend_few_queries, q, *copied)
+        shared = milliseconds(reps, together, q, k, v, keep)
+        print(
+            f"  cross-attention, {keys:2d} keys: copied per beam {per_beam:5.2f}, read per "
+            f"sentence {shared:5.2f} ({per_beam / shared:.1f}x)"
+        )
+    for length in (10, 30):
+        cached = torch.randn(ROWS, HEADS, length, HEAD_DIM)
+        new = torch.randn(ROWS, HEADS, 1, HEAD_DIM)
+        rows = torch.arange(ROWS).view(sentences, BEAM)[:, torch.tensor([0, 0, 1, 2])].flatten()
+
+        def gather_then_cat(cached, rows, new):
+            return torch.cat([cached.index_select(0, rows), new], dim=2)
+
+        two = milliseconds(reps, gather_then_cat, cached, rows, new)
+        one = milliseconds(reps, appended, cached, rows, new)
+        print(
+            f"  a layer's cached keys, {length} positions, reordered and grown by one: gather "
+            f"then concatenate {two:5.2f}, one copy {one:5.2f} ({two / one:.1f}x)"
         )
 
 
@@ -154,6 +197,7 @@ def main() -> None:
         return
     report_products(args.reps)
     report_attention(args.reps)
+    report_shared_rows(args.reps)
     report_distribution(args.reps)
 
 

@@ -8,9 +8,10 @@ import torch
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import (
     DecoderCache,
+    EncoderOutput,
     SelfAttention,
     Transformer,
-    attend_one_query,
+    attend_few_queries,
     count_parameters,
 )
 
@@ -60,6 +61,60 @@ def test_cache_prefill_of_several_positions_matches_full_forward():
         first = model.decode(tgt[:, :5], encoded, cache)
         rest = model.decode(tgt[:, 5:], encoded, cache)
     torch.testing.assert_close(torch.cat([first, rest], dim=1), full, atol=1e-5, rtol=0)
+
+
+def copied_to_rows(encoded: EncoderOutput, times: int) -> EncoderOutput:
+    """The encoder output of each source repeated for `times` consecutive target rows."""
+    return EncoderOutput(*(t.repeat_interleave(times, dim=0) for t in encoded))
+
+
+def test_target_rows_sharing_a_source_decode_as_with_the_source_copied_to_each():
+    """Beam search's layout: 3 target rows per source read its cross-attention keys and values,
+    which the cache holds once per source."""
+    model = tiny_model()
+    src, tgt = random_tokens(2, 7), random_tokens(6, 5, seed=5)
+    tgt[:, 0] = tgt[::3, 0].repeat_interleave(3)  # a source's rows start alike (BOS)
+    with torch.no_grad():
+        encoded = model.encode(src)
+        full = model.decode(tgt, copied_to_rows(encoded, 3))
+        cache = DecoderCache()
+        first = model.decode(tgt[::3, :1], encoded, cache)  # one row per source, then three
+        cache.repeat_rows(3)
+        rest = [model.decode(tgt[:, t : t + 1], encoded, cache) for t in range(1, 5)]
+    assert [k.shape[0] for k in cache.cross_k] == [2, 2]
+    torch.testing.assert_close(first, full[::3, :1], atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat(rest, dim=1), full[:, 1:], atol=1e-5, rtol=0)
+
+
+def test_a_reordered_and_pruned_cache_decodes_as_its_rows_prefixes():
+    """reorder and keep are gathered in the next step's copy: what follows must be the decoding
+    of each surviving row's own prefix."""
+    model = tiny_model()
+    src, tgt = random_tokens(2, 7), random_tokens(6, 6, seed=6)
+    survivors = torch.tensor([0, 0, 2, 4, 3, 3])  # each within its source's rows
+    reordered = torch.cat([tgt[survivors, :3], tgt[:, 3:]], dim=1)
+    rotate = torch.tensor([0, 1, 2, 4, 5, 3])  # twice before the next step: rows 5, 3, 4 last
+    last_rows = torch.tensor([5, 3, 4])
+    with torch.no_grad():
+        encoded = model.encode(src)
+        second = EncoderOutput(*(t[1:] for t in encoded))
+        full = model.decode(reordered[:, :4], copied_to_rows(encoded, 3))
+        last_prefixes = torch.cat([reordered[last_rows, :4], tgt[3:, 4:5]], dim=1)
+        last_full = model.decode(last_prefixes, copied_to_rows(second, 3))
+        cache = DecoderCache()
+        model.fill_cross_attention(encoded, cache)
+        cache.repeat_rows(3)
+        for t in range(3):
+            model.decode(tgt[:, t : t + 1], encoded, cache)
+        cache.reorder(survivors)
+        fourth = model.decode(reordered[:, 3:4], encoded, cache)
+        cache.reorder(rotate)
+        cache.reorder(rotate)
+        assert cache.keep(torch.tensor([3, 4, 5])).tolist() == [1]  # the first source leaves
+        fifth = model.decode(tgt[3:, 4:5], second, cache)
+    assert [k.shape[0] for k in cache.cross_k] == [1, 1]
+    torch.testing.assert_close(fourth, full[:, 3:4], atol=1e-5, rtol=0)
+    torch.testing.assert_close(fifth, last_full[:, 4:5], atol=1e-5, rtol=0)
 
 
 def test_future_target_tokens_do_not_change_earlier_outputs():
@@ -118,11 +173,11 @@ def test_one_query_attention_equals_scaled_dot_product_attention(masked):
     keep = keep if masked else None
     mask = keep[:, None, None, :] if masked else None
     expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(attend_one_query(q, k, v, keep), expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(attend_few_queries(q, k, v, keep), expected, atol=1e-6, rtol=0)
     if masked:  # the masked keys' values play no part
         v_changed = v.masked_fill(~keep[:, None, :, None], 1e6)
         torch.testing.assert_close(
-            attend_one_query(q, k, v_changed, keep), expected, atol=1e-6, rtol=0
+            attend_few_queries(q, k, v_changed, keep), expected, atol=1e-6, rtol=0
         )
 
 

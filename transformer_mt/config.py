@@ -353,7 +353,7 @@ class DecodeConfig:
     sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.default])
     """The attention kernels our model's searches may use, as trainer.sdpa_backends ([default]:
     torch's own choice); a CTranslate2 export has its own. On the CPU the decoder's steps (one query
-    row each) use none: model.attend_one_query."""
+    row each) use none: model.attend_few_queries."""
     precision: DecodePrecision = DecodePrecision.auto
     """What our model computes in while it searches: auto (bf16 autocast on CUDA, fp32
     elsewhere), fp32, or bf16 (autocast, on any device; on a CPU without bf16 instructions it

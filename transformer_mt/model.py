@@ -28,36 +28,74 @@ class EncoderOutput(NamedTuple):
 class DecoderCache:
     """Keys and values of earlier target positions, per decoder layer, for incremental decoding.
 
-    Cross-attention keys and values depend only on the source and are computed once.
+    Cross-attention keys and values depend only on the source and are computed once, one row per
+    source. The target rows may come `beams` to a source (beam search): rows b * beams, ...,
+    b * beams + beams - 1 read source row b's, which are shared, never copied.
+
+    Reordering the target rows (beam search: each survivor's origin) is only noted: the layer's
+    next `extend` gathers the rows and appends the new positions in one copy, where a gather
+    and then a concatenation copied everything twice.
     """
 
-    self_k: list[Tensor] = field(default_factory=list)  # per layer (B, H, t, Dh)
+    self_k: list[Tensor] = field(default_factory=list)  # per layer (N, H, t, Dh)
     self_v: list[Tensor] = field(default_factory=list)
-    cross_k: list[Tensor] = field(default_factory=list)  # per layer (B, H, S, Dh)
+    cross_k: list[Tensor] = field(default_factory=list)  # per layer (N / beams, H, S, Dh)
     cross_v: list[Tensor] = field(default_factory=list)
+    beams: int = 1
+    pending_rows: list[Tensor | None] = field(default_factory=list)  # per layer: to gather
 
     @property
     def length(self) -> int:
         """Target positions already decoded."""
         return self.self_k[0].shape[2] if self.self_k else 0
 
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Layer `layer`'s keys and values (N, H, t + T, Dh) with the new positions k, v
+        (N, H, T, Dh) appended; they are what the cache holds from now on."""
+        if len(self.self_k) == layer:
+            self.self_k.append(k)
+            self.self_v.append(v)
+            self.pending_rows.append(None)
+            return k, v
+        rows, self.pending_rows[layer] = self.pending_rows[layer], None
+        self.self_k[layer] = appended(self.self_k[layer], rows, k)
+        self.self_v[layer] = appended(self.self_v[layer], rows, v)
+        return self.self_k[layer], self.self_v[layer]
+
     def reorder(self, index: Tensor) -> None:
-        """Keep rows `index` of the batch (beam search: each survivor's origin). Cross-attention
-        keys and values are left alone: beams never leave their sentence, whose are identical."""
-        self.self_k = [k.index_select(0, index) for k in self.self_k]
-        self.self_v = [v.index_select(0, index) for v in self.self_v]
+        """Keep target rows `index` (beam search: each survivor's origin, in its own source's
+        group of rows). Cross-attention keys and values are left alone."""
+        self.pending_rows = [index if r is None else r[index] for r in self.pending_rows]
 
     def repeat_rows(self, times: int) -> None:
-        """Each row `times` times in a row (beam search: a sentence's beams share its cache)."""
-        for name in ("self_k", "self_v", "cross_k", "cross_v"):
-            setattr(self, name, [t.repeat_interleave(times, dim=0) for t in getattr(self, name)])
+        """Each target row `times` times in a row (beam search: a sentence's beams), all of them
+        reading its source's cross-attention keys and values."""
+        if self.self_k:
+            rows = torch.arange(self.self_k[0].shape[0], device=self.self_k[0].device)
+            self.reorder(rows.repeat_interleave(times))
+        self.beams *= times
 
-    def keep(self, index: Tensor) -> None:
-        """Keep rows `index` of everything, cross-attention keys and values included (search:
-        finished sentences leave the batch)."""
+    def keep(self, index: Tensor) -> Tensor:
+        """Keep target rows `index` and the sources they read (search: finished sentences leave
+        the batch). `index` holds whole groups of `beams` rows, each group within one source,
+        sources in the order they keep. Returns the kept sources' rows (len(index) / beams,)."""
         self.reorder(index)
-        self.cross_k = [k.index_select(0, index) for k in self.cross_k]
-        self.cross_v = [v.index_select(0, index) for v in self.cross_v]
+        sources = index[:: self.beams] // self.beams
+        self.cross_k = [k.index_select(0, sources) for k in self.cross_k]
+        self.cross_v = [v.index_select(0, sources) for v in self.cross_v]
+        return sources
+
+
+def appended(cached: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
+    """Rows `rows` (None: all) of `cached` (N0, H, t, Dh) followed, along the positions, by
+    `new` (N, H, T, Dh): one copy into a new (N, H, t + T, Dh) tensor."""
+    if rows is None:
+        return torch.cat([cached, new], dim=2)
+    length = cached.shape[2]
+    out = new.new_empty(new.shape[0], new.shape[1], length + new.shape[2], new.shape[3])
+    torch.index_select(cached, 0, rows, out=out[:, :, :length])
+    out[:, :, length:] = new
+    return out
 
 
 def sinusoidal_table(length: int, d_model: int, start: int = 0) -> Tensor:
@@ -95,34 +133,51 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(batch, length, n_heads * head_dim)  # (B, L, D)
 
 
-def attend_one_query(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
-    """softmax(q k^T / sqrt(Dh)) v over the keys to attend, for one query row per (batch, head),
-    what each step of incremental decoding asks: q (B, H, 1, Dh), k and v (B, H, L, Dh), keep
-    (B, L) True at the keys to attend (None: all). Returns (B, H, 1, Dh).
+def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = None) -> Tensor:
+    """softmax(q k^T / sqrt(Dh)) v over the keys to attend, for a few query rows per (batch,
+    head), what each step of incremental decoding asks (one row; beam search's cross-attention:
+    one per beam): q (B, H, Q, Dh), k and v (B, H, L, Dh), keep (B, L) True at the keys to
+    attend (None: all). Returns (B, H, Q, Dh).
 
     The values of F.scaled_dot_product_attention up to float rounding, as two batched matrix
     products around a softmax: on the CPU, SDPA's kernel (built to block long queries) took
-    1.3-1.7x their time at this shape (1,200 rows, 4 heads, 8-40 keys, the mask's bias built in
-    the call; scripts/bench_decode_kernels.py, benchmarks/decode.txt).
+    1.3-1.7x their time for one query row (1,200 rows, 4 heads, 8-40 keys, the mask's bias built
+    in the call; scripts/bench_decode_kernels.py, benchmarks/decode.txt).
     """
-    batch, heads, _, head_dim = q.shape
+    batch, heads, queries, head_dim = q.shape
     q, k, v = (t.reshape(batch * heads, t.shape[2], head_dim) for t in (q, k, v))
     scale = head_dim**-0.5
     if keep is None:
-        scores = torch.bmm(q * scale, k.transpose(1, 2))  # (B*H, 1, L)
+        scores = torch.bmm(q * scale, k.transpose(1, 2))  # (B*H, Q, L)
     else:
         bias = torch.zeros(keep.shape, dtype=q.dtype, device=q.device)
         bias = bias.masked_fill(~keep, -torch.inf)[:, None, None, :]  # (B, 1, 1, L)
         bias = bias.expand(batch, heads, 1, k.shape[1]).reshape(batch * heads, 1, -1)
-        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)
-    return torch.bmm(scores.softmax(dim=-1), v).view(batch, heads, 1, head_dim)
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)  # bias broadcast over Q
+    return torch.bmm(scores.softmax(dim=-1), v).view(batch, heads, queries, head_dim)
 
 
 def one_query_step(q: Tensor, training: bool) -> bool:
-    """Whether attention takes `attend_one_query`: one query row (a decoding step), no dropout,
+    """Whether attention takes `attend_few_queries`: one query row (a decoding step), no dropout,
     in float32 on the CPU (measured there; on a GPU SDPA's kernels handle this shape in one
     launch, and under bf16 autocast SDPA keeps its scores in float32 where bmm would round them)."""
     return q.shape[2] == 1 and not training and q.device.type == "cpu" and q.dtype == torch.float32
+
+
+def rows_by_source(q: Tensor, sources: int) -> Tensor:
+    """Queries (N, H, T, Dh) of target rows that come N / sources to a source (consecutive rows:
+    beam search's beams) as (sources, H, N / sources * T, Dh): each source's rows together."""
+    rows, heads, length, head_dim = q.shape
+    grouped = q.view(sources, rows // sources, heads, length, head_dim).transpose(1, 2)
+    return grouped.reshape(sources, heads, rows // sources * length, head_dim)
+
+
+def rows_by_target(attended: Tensor, rows: int) -> Tensor:
+    """`rows_by_source`'s inverse for its output: (sources, H, N / sources * T, Dh) to
+    (N, H, T, Dh)."""
+    sources, heads, _, head_dim = attended.shape
+    grouped = attended.view(sources, heads, rows // sources, -1, head_dim).transpose(1, 2)
+    return grouped.reshape(rows, heads, -1, head_dim)
 
 
 def init_attention(in_projections: list[nn.Linear], out: nn.Linear, d_model: int) -> None:
@@ -169,20 +224,14 @@ class SelfAttention(nn.Module):
         )  # (B, H, L, Dh)
         mask = keep[:, None, None, :] if keep is not None else None  # (B, 1, 1, S)
         if cache is not None:
-            if len(cache.self_k) > layer:
-                k = torch.cat([cache.self_k[layer], k], dim=2)
-                v = torch.cat([cache.self_v[layer], v], dim=2)
-                cache.self_k[layer], cache.self_v[layer] = k, v
-            else:
-                cache.self_k.append(k)
-                cache.self_v.append(v)
+            k, v = cache.extend(layer, k, v)
             if causal and q.shape[2] > 1:  # several new positions: causal, aligned bottom-right
                 offset = k.shape[2] - q.shape[2]
                 mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device)
                 mask = mask.tril(diagonal=offset)
             causal = False  # one new position may attend to every cached one
             if one_query_step(q, self.training):
-                return self.out(merge_heads(attend_one_query(q, k, v, keep)))
+                return self.out(merge_heads(attend_few_queries(q, k, v, keep)))
         attended = F.scaled_dot_product_attention(
             q,
             k,
@@ -212,21 +261,30 @@ class CrossAttention(nn.Module):
         return k, v  # (B, H, S, Dh) each
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_keep: Tensor) -> Tensor:
-        q = split_heads(self.q(x), self.n_heads)  # (B, H, T, Dh)
+        """x (N, T, D) attends to k, v (B, H, S, Dh) at src_keep (B, S): N = B or, where target
+        rows come N / B to a source (beam search's beams, consecutive), N a multiple of B."""
+        q = split_heads(self.q(x), self.n_heads)  # (N, H, T, Dh)
         if self.kept_weights is not None:  # Transformer.cross_attention: the weights themselves
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
             weights = scores.masked_fill(~src_keep[:, None, None, :], float("-inf")).softmax(-1)
             self.kept_weights.append(weights)  # (B, H, T, S)
             return self.out(merge_heads(weights @ v))
-        if one_query_step(q, self.training):
-            return self.out(merge_heads(attend_one_query(q, k, v, src_keep)))
-        attended = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=src_keep[:, None, None, :],
-            dropout_p=self.dropout if self.training else 0.0,
-        )
+        one_query = one_query_step(q, self.training)
+        rows = q.shape[0]
+        if rows != k.shape[0]:
+            q = rows_by_source(q, k.shape[0])  # the attention of a source's rows in one product
+        if one_query:
+            attended = attend_few_queries(q, k, v, src_keep)
+        else:
+            attended = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                attn_mask=src_keep[:, None, None, :],
+                dropout_p=self.dropout if self.training else 0.0,
+            )
+        if rows != k.shape[0]:
+            attended = rows_by_target(attended, rows)
         return self.out(merge_heads(attended))
 
 
@@ -397,9 +455,11 @@ class Transformer(nn.Module):
     def decode(
         self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None
     ) -> Tensor:
-        """Logits (B, T, V) for the next token at each position of tgt_in (B, T).
+        """Logits (N, T, V) for the next token at each position of tgt_in (N, T).
 
-        With a cache, tgt_in holds only the new positions; the cache grows by T.
+        N is encoded's batch B, or a multiple of it with a cache whose target rows come
+        N / B to a source (DecoderCache.repeat_rows: beam search's beams). With a cache, tgt_in
+        holds only the new positions; the cache grows by T.
         """
         hidden = self.decode_hidden(tgt_in, encoded, cache)
         if self.output_projection is not None:

@@ -25,6 +25,7 @@ class EndsNearSourceLength(Transformer):
         start = cache.length - tgt_in.shape[1] if cache is not None else 0
         generated = torch.arange(start, start + tgt_in.shape[1], device=tgt_in.device)  # (T,)
         source_lengths = encoded.src_keep.sum(dim=1, keepdim=True) - 1  # (B, 1), EOS not counted
+        source_lengths = source_lengths.repeat_interleave(len(tgt_in) // len(source_lengths), 0)
         logits[..., EOS] += self.eos_bonus * (generated >= source_lengths)
         return logits
 

@@ -151,9 +151,11 @@ def test_pruning_finished_sentences_changes_nothing_but_the_work(random_model, s
     pruned_rows = list(rows)
     rows.clear()
     kept = beam_search(model, src, prune_finished=False, **search)
-    assert set(rows) == {6 * 3}  # without pruning every step decodes every sentence's beams
-    assert pruned_rows[0] == 6 * 3 and pruned_rows[-1] < 6 * 3  # done sentences left the batch
-    assert pruned_rows == sorted(pruned_rows, reverse=True)
+    # The first step decodes one row per sentence (every beam is BOS alone), then without
+    # pruning every step decodes every sentence's beams.
+    assert rows[0] == 6 and set(rows[1:]) == {6 * 3}
+    assert pruned_rows[:2] == [6, 6 * 3] and pruned_rows[-1] < 6 * 3  # done sentences left
+    assert pruned_rows[1:] == sorted(pruned_rows[1:], reverse=True)
     for with_pruning, without in zip(pruned, kept, strict=True):
         assert [h.tokens for h in with_pruning] == [h.tokens for h in without]
         assert [h.score for h in with_pruning] == pytest.approx([h.score for h in without])
@@ -293,9 +295,7 @@ class ScriptedModel(torch.nn.Module):
 
     def decode(self, tgt_in, encoded, cache):
         new = tgt_in.float()[:, None, :, None]  # (N, 1, T, 1)
-        if cache.self_k:
-            new = torch.cat([cache.self_k[0], new], dim=2)
-        cache.self_k, cache.self_v = [new], [new]
+        new, _ = cache.extend(0, new, new)  # (N, 1, t + T, 1): the cache reorders its rows
         prefixes = [tuple(int(t) for t in row[1:]) for row in new[:, 0, :, 0]]  # BOS dropped
         return torch.stack([scripted_log_probs(p) for p in prefixes])[:, None, :]  # (N, 1, V)
 

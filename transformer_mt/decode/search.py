@@ -2,8 +2,8 @@
 which shares the greedy loop, is in sampling.py).
 
 Every search is batched over sentences (times beams) with the decoder's KV cache; cross-attention
-keys and values are computed once per sentence (beam search then copies them to the sentence's
-beams) and kept for every step. A sentence that is done leaves the batch:
+keys and values are computed once per sentence and kept for every step (a sentence's beams read
+them together: DecoderCache.repeat_rows). A sentence that is done leaves the batch:
 its rows are dropped from the tokens, the encoder output and the cache, so later steps compute
 only live sentences.
 
@@ -39,6 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
@@ -99,18 +100,19 @@ class Decoders:
 
     @property
     def src_keep(self) -> Tensor:
-        return self.encoded[0].src_keep  # (N, S), the same for every member
+        return self.encoded[0].src_keep  # (B, S) per sentence, the same for every member
 
     def repeat_beams(self, k: int) -> None:
-        """Cross-attention keys and values computed once per sentence, then copied to its k
-        beams (rows b * k ... b * k + k - 1)."""
-        for i, (model, cache) in enumerate(zip(self.models, self.caches, strict=True)):
-            model.fill_cross_attention(self.encoded[i], cache)
+        """Each sentence's row (its cache so far) becomes its k beams' (rows b * k ... b * k +
+        k - 1), which read its encoder output and cross-attention keys and values, computed
+        once."""
+        for model, encoded, cache in zip(self.models, self.encoded, self.caches, strict=True):
+            model.fill_cross_attention(encoded, cache)
             cache.repeat_rows(k)
-            self.encoded[i] = expand_encoded(self.encoded[i], k)
 
     def keep(self, rows: Tensor) -> None:
-        """Rows `rows` of everything: finished sentences leave (and survivors are reordered)."""
+        """Rows `rows` of everything: finished sentences leave (and survivors are reordered).
+        `rows` holds each kept sentence's beams together, in their sentence's order."""
         self.encoded = [
             keep_rows(encoded, cache, rows)
             for encoded, cache in zip(self.encoded, self.caches, strict=True)
@@ -188,10 +190,11 @@ def next_token_log_probs(
 
 
 def keep_rows(encoded: EncoderOutput, cache: DecoderCache, rows: Tensor) -> EncoderOutput:
-    """Rows `rows` of the encoder output and of the whole cache: finished sentences leave."""
-    cache.keep(rows)
+    """Rows `rows` of the whole cache and the encoder output of their sentences: finished
+    sentences leave."""
+    sentences = cache.keep(rows)
     return EncoderOutput(
-        encoded.memory.index_select(0, rows), encoded.src_keep.index_select(0, rows)
+        encoded.memory.index_select(0, sentences), encoded.src_keep.index_select(0, sentences)
     )
 
 
@@ -288,7 +291,8 @@ def beam_step(
 
     log_probs: (B, K, V) next-token log-probabilities (banned tokens -inf; next_token_log_probs);
     scores: (B, K) cumulative log-probabilities. Returns (candidate scores, origin beam, token),
-    each (B, n_candidates), best first.
+    each (B, n_candidates), best first. Where K * V < n_candidates (one beam of a tiny
+    vocabulary), the candidates after the K * V real ones are copies of the last at -inf.
 
     A beam can only contribute its own best n_candidates tokens: the top-k runs over each beam's
     V log-probabilities, then over the K * n_candidates survivors (not the (B, K, V) sums).
@@ -296,8 +300,11 @@ def beam_step(
     batch, beams, vocab = log_probs.shape
     per_beam = min(n_candidates, vocab)
     top_log_probs, top_tokens = log_probs.topk(per_beam, dim=-1)  # (B, K, per_beam)
-    totals = top_log_probs + scores.unsqueeze(-1)
-    cand_scores, flat_index = totals.view(batch, beams * per_beam).topk(n_candidates, dim=-1)
+    totals = (top_log_probs + scores.unsqueeze(-1)).view(batch, beams * per_beam)
+    if beams * per_beam < n_candidates:
+        totals = F.pad(totals, (0, n_candidates - beams * per_beam), value=-torch.inf)
+    cand_scores, flat_index = totals.topk(n_candidates, dim=-1)
+    flat_index = flat_index.clamp(max=beams * per_beam - 1)
     token = top_tokens.view(batch, beams * per_beam).gather(1, flat_index)
     return cand_scores, flat_index // per_beam, token
 
@@ -372,12 +379,12 @@ def beam_search(
     decoders = as_ensemble(model).start(src)
     limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)  # (B,)
     sentence_limits = [int(limit) for limit in host_values(limits)[0]]
-    beam_limits = limits.repeat_interleave(k)  # (B*K,)
-    decoders.repeat_beams(k)  # cross-attention once per sentence, then shared by its beams
-    last = torch.full((src.shape[0] * k,), bos_id, dtype=torch.long, device=src.device)
+    # A sentence's beams all start from BOS alone: the first step runs one row per sentence,
+    # whose cache then becomes its k beams' (decoders.repeat_beams).
+    row_limits = limits  # each row's limit: (B,), then (B*K,)
+    last = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)
     prefixes: list[list[int]] = [[] for _ in range(src.shape[0] * k)]  # each row's tokens so far
-    scores = torch.full((src.shape[0], k), -torch.inf, device=src.device)
-    scores[:, 0] = 0.0  # at the start all beams are the same: expand only the first
+    scores = torch.zeros(src.shape[0], 1, device=src.device)  # (B, beams so far)
     sentence = list(range(src.shape[0]))  # input index of each live sentence
     done = [False] * src.shape[0]
     finished: list[list[Hypothesis]] = [[] for _ in sentence]
@@ -386,14 +393,18 @@ def beam_search(
         log_probs = next_token_log_probs(
             decoders,
             last[:, None],
-            step + 1 >= beam_limits if any(at_limit) else None,
+            step + 1 >= row_limits if any(at_limit) else None,
             step=step,
             min_len=min_len,
             bos_id=bos_id,
             eos_id=eos_id,
             unk_id=unk_id,
         )
-        cand_scores, origin, token = beam_step(log_probs.view(len(sentence), k, -1), scores, 2 * k)
+        if step == 0:
+            decoders.repeat_beams(k)  # row b becomes rows b * k ... b * k + k - 1
+            row_limits = limits.repeat_interleave(k)  # (B*K,)
+        beams = log_probs.view(len(sentence), scores.shape[1], -1)  # (B, 1 or K, V)
+        cand_scores, origin, token = beam_step(beams, scores, 2 * k)
         scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
         on_host = StepOnHost(
             *host_values(
@@ -418,11 +429,11 @@ def beam_search(
         if prune_finished and any(done):
             live = [b for b, d in enumerate(done) if not d]
             keep = beam_rows(live, k, src.device)
-            scores, rows, last, beam_limits = (
+            scores, rows, last, row_limits = (
                 scores[live],
                 rows[keep],
                 next_token[keep],
-                beam_limits[keep],
+                row_limits[keep],
             )
             # A survivor's origin row lies in its own sentence, whose rows share the encoder
             # output and cross-attention keys and values: one index reorders and prunes.
@@ -472,13 +483,6 @@ def sentence_done(
         return True
     largest_penalty = max(length_penalty(next_length, alpha), length_penalty(limit, alpha))
     return kept[-1].score >= best_live / largest_penalty
-
-
-def expand_encoded(encoded: EncoderOutput, beam_size: int) -> EncoderOutput:
-    return EncoderOutput(
-        encoded.memory.repeat_interleave(beam_size, dim=0),  # (B*K, S, D)
-        encoded.src_keep.repeat_interleave(beam_size, dim=0),  # (B*K, S)
-    )
 
 
 def beam_rows(sentences: list[int], k: int, device: torch.device) -> Tensor:
