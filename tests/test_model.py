@@ -117,6 +117,24 @@ def test_a_reordered_and_pruned_cache_decodes_as_its_rows_prefixes():
     torch.testing.assert_close(fifth, last_full[:, 4:5], atol=1e-5, rtol=0)
 
 
+def test_cache_rows_repeated_after_a_pending_reorder_are_the_reordered_ones():
+    cache, rows = DecoderCache(), torch.arange(3.0).view(3, 1, 1, 1)  # row i holds i
+    cache.extend(0, rows, rows)
+    cache.keep(torch.tensor([2, 0]))  # pending until the next extend
+    cache.repeat_rows(2)
+    extended, _ = cache.extend(0, torch.zeros(4, 1, 1, 1), torch.zeros(4, 1, 1, 1))
+    assert extended[:, 0, :, 0].tolist() == [[2.0, 0.0], [2.0, 0.0], [0.0, 0.0], [0.0, 0.0]]
+
+
+def test_a_reordered_cache_passes_gradients_to_its_rows():
+    cache, rows = DecoderCache(), torch.ones(2, 1, 1, 1, requires_grad=True)
+    cache.extend(0, rows, rows)
+    cache.reorder(torch.tensor([1, 1]))
+    extended, _ = cache.extend(0, torch.zeros(2, 1, 1, 1), torch.zeros(2, 1, 1, 1))
+    extended.sum().backward()
+    assert rows.grad.flatten().tolist() == [0.0, 2.0]
+
+
 def test_future_target_tokens_do_not_change_earlier_outputs():
     model = tiny_model()
     src, tgt = random_tokens(2, 6), random_tokens(2, 8, seed=4)

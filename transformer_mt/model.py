@@ -37,7 +37,8 @@ class DecoderCache:
     and then a concatenation copied everything twice.
     """
 
-    self_k: list[Tensor] = field(default_factory=list)  # per layer (N, H, t, Dh)
+    self_k: list[Tensor] = field(default_factory=list)  # per layer (N0, H, t, Dh): stored rows
+    # (N0 = N until a reorder, which pending_rows holds; extend returns the current rows)
     self_v: list[Tensor] = field(default_factory=list)
     cross_k: list[Tensor] = field(default_factory=list)  # per layer (N / beams, H, S, Dh)
     cross_v: list[Tensor] = field(default_factory=list)
@@ -71,8 +72,11 @@ class DecoderCache:
         """Each target row `times` times in a row (beam search: a sentence's beams), all of them
         reading its source's cross-attention keys and values."""
         if self.self_k:
-            rows = torch.arange(self.self_k[0].shape[0], device=self.self_k[0].device)
-            self.reorder(rows.repeat_interleave(times))
+            stored = torch.arange(self.self_k[0].shape[0], device=self.self_k[0].device)
+            self.pending_rows = [
+                (stored if rows is None else rows).repeat_interleave(times)
+                for rows in self.pending_rows
+            ]
         self.beams *= times
 
     def keep(self, index: Tensor) -> Tensor:
@@ -88,7 +92,11 @@ class DecoderCache:
 
 def appended(cached: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
     """Rows `rows` (None: all) of `cached` (N0, H, t, Dh) followed, along the positions, by
-    `new` (N, H, T, Dh): one copy into a new (N, H, t + T, Dh) tensor."""
+    `new` (N, H, T, Dh): one copy into a new (N, H, t + T, Dh) tensor on the CPU and CUDA, whose
+    index_select writes into a strided slice in place. Elsewhere (MPS's kernel has written such an
+    output as if contiguous) and with gradients (out= takes none) the rows are gathered first."""
+    if rows is not None and (cached.requires_grad or cached.device.type not in ("cpu", "cuda")):
+        cached, rows = cached.index_select(0, rows), None
     if rows is None:
         return torch.cat([cached, new], dim=2)
     length = cached.shape[2]
@@ -141,7 +149,7 @@ def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = No
 
     The values of F.scaled_dot_product_attention up to float rounding, as two batched matrix
     products around a softmax: on the CPU, SDPA's kernel (built to block long queries) took
-    1.3-1.7x their time for one query row (1,200 rows, 4 heads, 8-40 keys, the mask's bias built
+    1.5-2.9x their time for one query row (1,200 rows, 4 heads, 8-40 keys, the mask's bias built
     in the call; scripts/bench_decode_kernels.py, benchmarks/decode.txt).
     """
     batch, heads, queries, head_dim = q.shape

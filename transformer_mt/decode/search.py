@@ -140,7 +140,7 @@ def combined_log_probs(logits: list[Tensor]) -> Tensor:
     log-softmaxes, minus log n); one member's own log-softmax.
 
     One fused log_softmax over the vocabulary: on the CPU, torch.logsumexp (max, subtract, exp,
-    sum: four passes, a temporary as large as the logits) took 1.7x its time (1,200 x
+    sum: four passes, a temporary as large as the logits) took 1.7-2.2x its time (1,200 x
     8,000 logits; scripts/bench_decode_kernels.py), although it writes no log-probabilities.
     """
     log_probs = [member.log_softmax(dim=-1) for member in logits]
@@ -292,7 +292,8 @@ def beam_step(
     log_probs: (B, K, V) next-token log-probabilities (banned tokens -inf; next_token_log_probs);
     scores: (B, K) cumulative log-probabilities. Returns (candidate scores, origin beam, token),
     each (B, n_candidates), best first. Where K * V < n_candidates (one beam of a tiny
-    vocabulary), the candidates after the K * V real ones are copies of the last at -inf.
+    vocabulary), the candidates after the K * V real ones score -inf (with the origin and token
+    of the last beam's last).
 
     A beam can only contribute its own best n_candidates tokens: the top-k runs over each beam's
     V log-probabilities, then over the K * n_candidates survivors (not the (B, K, V) sums).
