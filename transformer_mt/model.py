@@ -279,7 +279,8 @@ class CrossAttention(nn.Module):
             return self.out(merge_heads(weights @ v))
         one_query = one_query_step(q, self.training)
         rows = q.shape[0]
-        if rows != k.shape[0]:
+        shared = rows != k.shape[0]  # several target rows per source (beam search's beams)
+        if shared:
             q = rows_by_source(q, k.shape[0])  # the attention of a source's rows in one product
         if one_query:
             attended = attend_few_queries(q, k, v, src_keep)
@@ -291,7 +292,7 @@ class CrossAttention(nn.Module):
                 attn_mask=src_keep[:, None, None, :],
                 dropout_p=self.dropout if self.training else 0.0,
             )
-        if rows != k.shape[0]:
+        if shared:
             attended = rows_by_target(attended, rows)
         return self.out(merge_heads(attended))
 
