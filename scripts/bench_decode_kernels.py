@@ -38,8 +38,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_mt import onednn
 from transformer_mt.config import DecodeConfig, Quantize
-from transformer_mt.decode.cpu_linear import OneDnnLinear, onednn_available
+from transformer_mt.decode.cpu_linear import OneDnnLinear
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.model import appended, attend_few_queries, rows_by_source, rows_by_target
@@ -69,7 +70,7 @@ def milliseconds(reps: int, function: Callable, *args, **kwargs) -> float:
 
 
 def report_products(reps: int) -> None:
-    if not onednn_available():
+    if not onednn.available():
         print("linear products: this torch or CPU has no oneDNN product (decoding uses F.linear)")
         return
     print("linear products, GFLOP/s (F.linear / oneDNN prepacked):")

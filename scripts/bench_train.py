@@ -79,7 +79,7 @@ import numpy as np
 import torch
 from profile_step import StepProfile, profile_update  # scripts/, beside this file
 
-from transformer_mt.config import ModelConfig, Precision, TrainJob, compose_job
+from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainJob, compose_job
 from transformer_mt.data.batching import Batch, collate, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
@@ -182,12 +182,15 @@ def generated_data(
 # ---- the two models' training steps ------------------------------------------------------------
 class OursRunner:
     """Our model, trained through the real Trainer; `plain`: the step as it was before the
-    trainer's loss was chunked and its CPU dropout drew cheaper masks (issue 25): the loss over
-    the whole logits in fp32 (label_smoothed_loss) and torch's own nn.Dropout."""
+    trainer's loss was chunked, its CPU dropout drew cheaper masks and its CPU products took
+    oneDNN's kernel (issue 25): the loss over the whole logits in fp32 (label_smoothed_loss),
+    torch's own nn.Dropout and F.linear (trainer.cpu_linear=torch)."""
 
     def __init__(
         self, job: TrainJob, data: PreparedData, device: torch.device, plain: bool = False
     ):
+        if plain:
+            job.trainer.cpu_linear = CpuLinear.torch
         self.trainer = Trainer(job, RunDir(job.run_dir), data, device)
         self.model = self.trainer.model
         self.label = "transformer_mt"

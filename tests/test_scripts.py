@@ -16,7 +16,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
-from transformer_mt.decode.cpu_linear import onednn_available
+from transformer_mt import onednn
 
 ROOT = Path(__file__).resolve().parents[1]
 # The runnable ones; scripts/profile_step.py is a module that bench_train.py imports.
@@ -95,7 +95,7 @@ def test_bench_decode_kernels_times_each_kernel_beside_the_form_it_replaced():
     done = run(sys.executable, "scripts/bench_decode_kernels.py", "--reps", "1", "--threads", "1")
     assert done.returncode == 0, done.stderr
     products = re.findall(r"^  \d+ x \(\d+ x \d+\) +[\d.]+ +[\d.]+$", done.stdout, re.M)
-    assert len(products) == (7 if onednn_available() else 0)
+    assert len(products) == (7 if onednn.available() else 0)
     assert len(re.findall(r"keys: unmasked \(self\).*masked \(cross\)", done.stdout)) == 3
     assert "F.log_softmax" in done.stdout
 

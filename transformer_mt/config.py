@@ -65,6 +65,11 @@ class SdpaBackend(str, Enum):
     math = "math"
 
 
+class CpuLinear(str, Enum):
+    onednn = "onednn"
+    torch = "torch"
+
+
 class ResumeMode(str, Enum):
     auto = "auto"
     never = "never"
@@ -293,6 +298,12 @@ class TrainerConfig:
     (torch's own choice), or some of flash, efficient, cudnn, math; e.g. [flash,efficient,math]
     keeps cuDNN attention out (its backward can give NaN gradients with torch 2.13 on
     H100/H200: pytorch#196678, README)."""
+    cpu_linear: CpuLinear = CpuLinear.onednn
+    """How the linear layers and the loss's output projection multiply when the model trains
+    in float32 on the CPU (eager): onednn (oneDNN's kernel with the weights reordered at each
+    call, faster here: benchmarks/train_speed.txt; where torch has no oneDNN, as torch) or torch
+    (F.linear). The two differ by float32 rounding. Not used on a GPU, under autocast or
+    torch.compile."""
 
 
 class DecodePrecision(str, Enum):
@@ -304,11 +315,6 @@ class DecodePrecision(str, Enum):
 class Quantize(str, Enum):
     none = "none"
     int8 = "int8"
-
-
-class CpuLinear(str, Enum):
-    onednn = "onednn"
-    torch = "torch"
 
 
 @dataclass(kw_only=True)

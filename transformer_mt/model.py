@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_mt import onednn
 from transformer_mt.config import ModelConfig
 
 
@@ -188,6 +189,16 @@ def rows_by_target(attended: Tensor, rows: int) -> Tensor:
     return grouped.reshape(rows, heads, -1, head_dim)
 
 
+def project(layer: nn.Module, x: Tensor, *, relu: bool = False) -> Tensor:
+    """layer(x), then ReLU if `relu`. A plain nn.Linear multiplies by onednn.linear: oneDNN's
+    kernel where the trainer asks for it (trainer.cpu_linear), else F.linear. Other layers (the
+    decoding copies' prepacked and int8 ones, decode/cpu_linear.py) are called as they are."""
+    if type(layer) is nn.Linear:
+        return onednn.linear(x, layer.weight, layer.bias, relu=relu)
+    y = layer(x)
+    return F.relu(y) if relu else y
+
+
 def init_attention(in_projections: list[nn.Linear], out: nn.Linear, d_model: int) -> None:
     """fairseq's initialisation of attention (the paper states none): Xavier-uniform with gain
     2^-1/2 on each D x D block of the input projections (W^Q, W^K, W^V), which fairseq sets per
@@ -228,7 +239,7 @@ class SelfAttention(nn.Module):
         layer: int = 0,
     ) -> Tensor:
         q, k, v = (
-            split_heads(t, self.n_heads) for t in self.qkv(x).chunk(3, dim=-1)
+            split_heads(t, self.n_heads) for t in project(self.qkv, x).chunk(3, dim=-1)
         )  # (B, H, L, Dh)
         mask = keep[:, None, None, :] if keep is not None else None  # (B, 1, 1, S)
         if cache is not None:
@@ -239,7 +250,7 @@ class SelfAttention(nn.Module):
                 mask = mask.tril(diagonal=offset)
             causal = False  # one new position may attend to every cached one
             if one_query_step(q, self.training):
-                return self.out(merge_heads(attend_few_queries(q, k, v, keep)))
+                return project(self.out, merge_heads(attend_few_queries(q, k, v, keep)))
         attended = F.scaled_dot_product_attention(
             q,
             k,
@@ -248,7 +259,7 @@ class SelfAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             is_causal=causal,
         )
-        return self.out(merge_heads(attended))
+        return project(self.out, merge_heads(attended))
 
 
 class CrossAttention(nn.Module):
@@ -265,18 +276,18 @@ class CrossAttention(nn.Module):
         self.kept_weights: list[Tensor] | None = None  # a list: forward appends its weights
 
     def memory_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = (split_heads(t, self.n_heads) for t in self.kv(memory).chunk(2, dim=-1))
+        k, v = (split_heads(t, self.n_heads) for t in project(self.kv, memory).chunk(2, dim=-1))
         return k, v  # (B, H, S, Dh) each
 
     def forward(self, x: Tensor, k: Tensor, v: Tensor, src_keep: Tensor) -> Tensor:
         """x (N, T, D) attends to k, v (B, H, S, Dh) at src_keep (B, S): N = B or, where target
         rows come N / B to a source (beam search's beams, consecutive), N a multiple of B."""
-        q = split_heads(self.q(x), self.n_heads)  # (N, H, T, Dh)
+        q = split_heads(project(self.q, x), self.n_heads)  # (N, H, T, Dh)
         if self.kept_weights is not None:  # Transformer.cross_attention: the weights themselves
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
             weights = scores.masked_fill(~src_keep[:, None, None, :], float("-inf")).softmax(-1)
             self.kept_weights.append(weights)  # (B, H, T, S)
-            return self.out(merge_heads(weights @ v))
+            return project(self.out, merge_heads(weights @ v))
         one_query = one_query_step(q, self.training)
         rows = q.shape[0]
         shared = rows != k.shape[0]  # several target rows per source (beam search's beams)
@@ -294,7 +305,7 @@ class CrossAttention(nn.Module):
             )
         if shared:
             attended = rows_by_target(attended, rows)
-        return self.out(merge_heads(attended))
+        return project(self.out, merge_heads(attended))
 
 
 class FeedForward(nn.Module):
@@ -307,7 +318,7 @@ class FeedForward(nn.Module):
         self.outer = nn.Linear(d_ff, d_model)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.outer(F.relu(self.inner(x)))
+        return project(self.outer, project(self.inner, x, relu=True))
 
 
 class Dropout(nn.Module):

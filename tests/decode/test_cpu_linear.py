@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 
+from transformer_mt import onednn
 from transformer_mt.commands.train import train
 from transformer_mt.config import (
     CpuLinear,
@@ -22,12 +23,7 @@ from transformer_mt.config import (
     compose_job,
     validate_decode,
 )
-from transformer_mt.decode.cpu_linear import (
-    LinearKernel,
-    OneDnnLinear,
-    cpu_linear_copy,
-    onednn_available,
-)
+from transformer_mt.decode.cpu_linear import LinearKernel, OneDnnLinear, cpu_linear_copy
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import ModelSearch
@@ -35,7 +31,7 @@ from transformer_mt.errors import ConfigError
 from transformer_mt.files import file_sha256
 
 INT8 = DecodeConfig(quantize=Quantize.int8)
-needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch has no oneDNN")
+needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch has no oneDNN")
 
 
 def int8_copy(model):
@@ -177,12 +173,12 @@ def test_float32_calls_on_the_cpu_search_with_the_onednn_copies_others_with_the_
 def test_a_copy_and_its_search_leave_torchs_random_stream_alone(random_model, kernel):
     """Training validates through these copies: drawing from torch's generator there would
     make a run that validated differ from one that did not (tests/train/test_resume.py)."""
-    if kernel == LinearKernel.onednn and not onednn_available():
+    if kernel == LinearKernel.onednn and not onednn.available():
         pytest.skip("this torch has no oneDNN")
     model = random_model(vocab=50, seed=0)
-    onednn_available.cache_clear()  # its probe too, which the first search on the CPU runs
+    onednn.available.cache_clear()  # its probe too, which the first search on the CPU runs
     state = torch.get_rng_state()
-    onednn_available()
+    onednn.available()
     copied = cpu_linear_copy(model, kernel)
     with torch.no_grad():
         copied.decode(TARGETS, copied.encode(SOURCES))
@@ -192,15 +188,15 @@ def test_a_copy_and_its_search_leave_torchs_random_stream_alone(random_model, ke
 def test_without_a_working_onednn_product_float32_calls_search_with_the_model(
     random_model, monkeypatch
 ):
-    def missing_kernel(self, x):
+    def missing_kernel(*args, **kwargs):
         raise RuntimeError("no kernel for this CPU")  # as a build without the op would fail
 
-    monkeypatch.setattr(OneDnnLinear, "forward", missing_kernel)
-    onednn_available.cache_clear()
+    monkeypatch.setattr(onednn, "packed_product", missing_kernel)
+    onednn.available.cache_clear()
     try:
-        assert not onednn_available()
+        assert not onednn.available()
         search = ModelSearch(random_model(vocab=50, seed=0), torch.device("cpu"))
         assert search.searching(DecodeConfig()) is search.ensemble
         assert len(search.search([[5, 6, 7]], DecodeConfig(max_len_b=3))) == 1
     finally:
-        onednn_available.cache_clear()  # the next test probes the real kernel again
+        onednn.available.cache_clear()  # the next test probes the real kernel again

@@ -2,13 +2,13 @@
 and output projection multiply with weights made ready for one kernel, once, when it is built.
 
 - `onednn` (decode.cpu_linear=onednn, the default for float32 on the CPU): float32 weights
-  reordered into oneDNN's blocked layout (`torch.ops.mkldnn._reorder_linear_weight`) and
-  multiplied by `torch.ops.mkldnn._linear_pointwise`, the pair that torch.compile's CPU freezing
-  puts in place of nn.Linear. torch's F.linear on the CPU gives MKL the weight as it lies; at
-  decoding's shapes (a few to a few thousand rows, 256-1024 wide) that ran 1.1-3.2x slower than
-  the prepacked product on this project's 2-core machine (scripts/bench_decode_kernels.py, in a
-  process that keeps freed memory as the commands do), and a beam search with the prepacked
-  product took 0.85x the time (benchmarks/decode.txt). The same float32 products, summed in
+  reordered once into oneDNN's blocked layout and multiplied by its kernel (onednn.py: the
+  pair of ops that torch.compile's CPU freezing puts in place of nn.Linear). torch's F.linear
+  on the CPU gives MKL the weight as it lies; at decoding's shapes (a few to a few thousand
+  rows, 256-1024 wide) that ran 1.1-3.2x slower than the prepacked product on this project's
+  2-core machine (scripts/bench_decode_kernels.py, in a process that keeps freed memory as the
+  commands do), and a beam search with the prepacked product took 0.85x the time
+  (benchmarks/decode.txt). The same float32 products, summed in
   another order: results differ by float32 rounding, so a near-tie in a search may rank the
   other way.
 - `int8` (decode.quantize=int8): PyTorch's dynamic quantization
@@ -28,16 +28,15 @@ model changes.
 from __future__ import annotations
 
 import copy
-import functools
 import itertools
 import warnings
 from enum import Enum
 
-import torch
 from torch import Tensor, nn
 from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from torch.nn.utils import skip_init
 
+from transformer_mt import onednn
 from transformer_mt.model import Transformer
 
 
@@ -46,34 +45,17 @@ class LinearKernel(str, Enum):
     int8 = "int8"
 
 
-@functools.cache
-def onednn_available() -> bool:
-    """Whether this torch's oneDNN prepacks and multiplies a weight on this CPU (x86 and Arm
-    builds have the ops): tried once on a 2 x 2 product, so that a build or CPU without them
-    decodes with F.linear instead of failing."""
-    if not torch.backends.mkldnn.is_available():
-        return False
-    probe = skip_init(nn.Linear, 2, 2, bias=False)  # no draw from torch's generator
-    nn.init.ones_(probe.weight)
-    try:
-        product = OneDnnLinear(probe)(torch.ones(1, 2))
-    except (AttributeError, NotImplementedError, RuntimeError):  # an op torch does not have
-        return False
-    return torch.equal(product, torch.full((1, 2), 2.0))
-
-
 class OneDnnLinear(nn.Module):
     """y = x W^T + b with W reordered once for oneDNN's kernel (inference only: no gradients)."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach().contiguous()
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)  # oneDNN's layout
+        self.packed = onednn.packed(linear.weight.detach())
         self.bias = linear.bias.detach() if linear.bias is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return onednn.packed_product(x, self.packed, self.bias)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"

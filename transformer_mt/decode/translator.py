@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformer_mt import onednn
 from transformer_mt.config import (
     CpuLinear,
     DecodeConfig,
@@ -36,7 +37,7 @@ from transformer_mt.config import (
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
-from transformer_mt.decode.cpu_linear import LinearKernel, cpu_linear_copy, onednn_available
+from transformer_mt.decode.cpu_linear import LinearKernel, cpu_linear_copy
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
     Ensemble,
@@ -175,7 +176,7 @@ class ModelSearch:
             and float32
             and self.quantize == Quantize.none
             and decode.cpu_linear == CpuLinear.onednn
-            and onednn_available()
+            and onednn.available()
         ):
             return self.ensemble
         if self.onednn_ensemble is None:

@@ -27,11 +27,14 @@ two).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from transformer_mt import onednn
 
 # Logits held at once: chunks of about this many elements (64 MiB of fp32 on a CPU), so that a
 # chunk stays small next to the model while its matmuls are still large.
@@ -103,6 +106,22 @@ def autocast_dtype_of(device: torch.device) -> torch.dtype | None:
     return torch.get_autocast_dtype(device.type)
 
 
+def chunk_products(
+    weight: Tensor, by_onednn: bool, wants_grad: bool
+) -> tuple[Callable[[Tensor], Tensor], Callable[[Tensor], Tensor]]:
+    """A chunk's two products by `weight` (V, D): h -> h W^T (the logits) and g -> g W (the
+    gradient of the hidden states); by oneDNN's kernel with W reordered once for all the chunks
+    (onednn.py), or by torch's."""
+    if not by_onednn:
+        return (lambda h: h @ weight.T), (lambda g: g @ weight)
+    forward = onednn.packed(weight)
+    backward = onednn.packed(weight.t()) if wants_grad else None
+    return (
+        lambda h: onednn.packed_product(h, forward),
+        lambda g: onednn.packed_product(g, backward),
+    )
+
+
 class ProjectedLoss(torch.autograd.Function):
     """(N, D) hidden states, (V, D) weight, (N,) references, (N,) 0/1 weights or None (all 1)
     -> (loss sum, nll sum), with the gradients computed in forward (see the module's
@@ -115,6 +134,8 @@ class ProjectedLoss(torch.autograd.Function):
         vocab = weight.shape[0]
         compute = dtype or tokens.dtype
         weight_c = weight.to(compute)
+        by_onednn = compute == torch.float32 and onednn.chosen_for(tokens, weight_c)
+        logits_of, grad_of = chunk_products(weight_c, by_onednn, wants_grad)
         mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
         loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
         nll = torch.zeros_like(loss)
@@ -128,7 +149,7 @@ class ProjectedLoss(torch.autograd.Function):
             if w is not None:  # a padded position: no share of the loss or of any gradient
                 h = h * w[:, None]
             h_c = h.to(compute)
-            logits = (h_c @ weight_c.T).float()  # (c, V)
+            logits = logits_of(h_c).float()  # (c, V)
             reference = logits.gather(1, y[:, None]).squeeze(1)
             top = logits.amax(dim=-1, keepdim=True)
             exps = logits.sub_(top).exp_()  # exp(z - max z), in place: the logits are spent
@@ -149,7 +170,7 @@ class ProjectedLoss(torch.autograd.Function):
             grad_z = exps.div_(total)  # the softmax
             grad_z[torch.arange(len(y), device=y.device), y] -= 1.0 - epsilon
             grad_z = grad_z.to(compute)
-            grad_h = (grad_z @ weight_c).float() - epsilon * mean_row
+            grad_h = grad_of(grad_z).float() - epsilon * mean_row
             if w is not None:
                 grad_h *= w[:, None]
             grad_tokens[start : start + chunk_tokens] = grad_h

@@ -52,6 +52,7 @@ STEERING_KEYS = frozenset(
         "trainer.device",
         "trainer.compile",
         "trainer.sdpa_backends",  # which kernels compute attention, not what is trained
+        "trainer.cpu_linear",  # which kernel multiplies on the CPU, likewise
         "trainer.resume",
         "trainer.resume_from",
         "trainer.init_from",  # used by a run's first start only

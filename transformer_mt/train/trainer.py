@@ -20,7 +20,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from transformer_mt.checkpoint import CheckpointRecord
-from transformer_mt.config import TrainJob
+from transformer_mt.config import CpuLinear, TrainJob
 from transformer_mt.data.batching import (
     Batch,
     BatchDataset,
@@ -34,6 +34,7 @@ from transformer_mt.device import attention_kernels, autocast_dtype, autocast_fo
 from transformer_mt.errors import CheckpointError
 from transformer_mt.files import remove_partial_writes
 from transformer_mt.model import Transformer
+from transformer_mt.onednn import products_by_onednn
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.compiling import LENGTH_MULTIPLE, CompileWatch, should_compile
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
@@ -321,6 +322,7 @@ class Trainer:
             with (
                 autocast_for(self.device, self.cfg.trainer.precision),
                 attention_kernels(self.cfg.trainer.sdpa_backends),
+                products_by_onednn(self.cfg.trainer.cpu_linear == CpuLinear.onednn),
             ):
                 sums = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
             self.scaler.scale(sums.loss * scale).backward()

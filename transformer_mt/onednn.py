@@ -1,0 +1,126 @@
+"""oneDNN's matrix product for our linear layers on the CPU, in float32.
+
+torch's F.linear on the CPU gives MKL the weight as it lies. oneDNN's kernel, with the weight
+first reordered into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, then
+`torch.ops.mkldnn._linear_pointwise`: the pair torch.compile's CPU freezing puts in place of
+nn.Linear), multiplies faster on this project's 2-core machine:
+- decoding's shapes (a few to a few thousand rows), with the weight reordered once when the
+  model is loaded (decode/cpu_linear.py, benchmarks/decode.txt);
+- training's shapes (a 4,096-token batch: 2,000-4,000 rows, 256-8,000 wide), the reorder paid
+  at every call since the weights change at every update: 1.05-1.42x forward, 0.98-1.43x for
+  the gradient of the input. The gradient of the weight, a product along the rows, is faster
+  by torch's mm (oneDNN 0.5-0.9x), which keeps it (scripts/bench_train_kernels.py,
+  benchmarks/train_speed.txt).
+
+`linear` is F.linear by that kernel where the trainer asks for it (`products_by_onednn`,
+trainer.cpu_linear=onednn): float32 on the CPU, eager (torch.compile traces F.linear). The same
+float32 products summed in another order: results differ from F.linear's by float32 rounding.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+# Whether `linear` and the loss's products may take oneDNN's kernel (the trainer's setting).
+_in_use: ContextVar[bool] = ContextVar("transformer_mt.onednn", default=False)
+
+
+# The row count oneDNN is told to expect when a weight is reordered. Without one (torch's default)
+# it picks a layout for a single row; a product with a new row count then took up to 6.3x the
+# time it took with a weight reordered for 1,024 rows (4 rows; 0.97-1.35x at 600-3,000), and at
+# 3,000 rows by 8,000 x 256 it left ten times the memory in the heap (899 MB against 92 over ten
+# calls; scripts/bench_train_kernels.py, part 2). The actual row count of each call, in the
+# reorder, cost a reorder of its own in oneDNN's cache for every new count (12 MB each at
+# 256 x 1,024, measured outside the project); one fixed count does not.
+EXPECTED_ROWS = 1024
+
+
+def packed(weight: Tensor) -> Tensor:
+    """`weight` (out, in), reordered into oneDNN's layout for `packed_product`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), EXPECTED_ROWS)
+
+
+def packed_product(x: Tensor, packed_weight: Tensor, bias: Tensor | None = None, *, relu=False):
+    """F.linear(x, weight, bias), then ReLU if `relu` (in the same kernel), for
+    packed_weight = packed(weight). No gradients."""
+    attribute = "relu" if relu else "none"
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, attribute, [], "")
+
+
+@functools.cache
+def available() -> bool:
+    """Whether this torch's oneDNN reorders and multiplies a weight on this CPU (x86 and Arm
+    builds have the ops): tried once on a 2 x 2 product, so that a build or CPU without them
+    falls back to F.linear instead of failing."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        product = packed_product(torch.ones(1, 2), packed(torch.ones(2, 2)))
+    except (AttributeError, NotImplementedError, RuntimeError):  # an op torch does not have
+        return False
+    return torch.equal(product, torch.full((1, 2), 2.0))
+
+
+@contextmanager
+def products_by_onednn(enabled: bool = True) -> Iterator[None]:
+    """Inside the context, `linear` and the loss's products take oneDNN's kernel where
+    `chosen_for` says it applies (the trainer's forward, with trainer.cpu_linear=onednn)."""
+    token = _in_use.set(enabled)
+    try:
+        yield
+    finally:
+        _in_use.reset(token)
+
+
+def chosen_for(x: Tensor, weight: Tensor) -> bool:
+    """Whether a product of `x` by `weight` takes oneDNN's kernel here: asked for
+    (`products_by_onednn`), both float32 on the CPU, no autocast, not traced by torch.compile,
+    and the kernel available."""
+    return (
+        not torch.compiler.is_compiling()  # first: torch.compile reads no further
+        and _in_use.get()
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and not torch.is_autocast_enabled("cpu")
+        and available()
+    )
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, relu=False) -> Tensor:
+    """F.linear(x, weight, bias) (then ReLU if `relu`), by oneDNN's kernel where `chosen_for`
+    says so, with gradients."""
+    if chosen_for(x, weight):
+        return OneDnnProduct.apply(x, weight, bias, relu)
+    y = F.linear(x, weight, bias)
+    return F.relu(y) if relu else y
+
+
+class OneDnnProduct(torch.autograd.Function):
+    """y = x W^T + b (then ReLU) forward, and the gradient of x, by oneDNN's kernel (W reordered
+    at each call: the weights change at every update); the gradient of W by torch.mm."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, relu):
+        y = packed_product(x, packed(weight), bias, relu=relu)
+        ctx.relu = relu
+        ctx.save_for_backward(x, weight, y if relu else None)
+        return y
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight, y = ctx.saved_tensors
+        if ctx.relu:  # as F.relu's backward: no gradient where the output is 0
+            grad_y = torch.ops.aten.threshold_backward(grad_y, y, 0)
+        needs_x, needs_weight, needs_bias, _ = ctx.needs_input_grad
+        grad_x = packed_product(grad_y, packed(weight.t())) if needs_x else None
+        grad_rows = grad_y.reshape(-1, grad_y.shape[-1])  # (N, out)
+        grad_weight = grad_rows.t() @ x.reshape(-1, x.shape[-1]) if needs_weight else None
+        grad_bias = grad_rows.sum(0) if needs_bias else None
+        return grad_x, grad_weight, grad_bias, None
