@@ -23,12 +23,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import resource
-import statistics
 import time
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from bench_decode_kernels import milliseconds  # scripts/, beside this file
 
 from transformer_mt import onednn
 from transformer_mt.device import keep_freed_host_memory
@@ -45,16 +44,6 @@ PRODUCTS = [
     (2097, 8000, 256),
 ]
 HINTED = [(1024, 256), (8000, 256), (2048, 512)]  # out x in
-
-
-def milliseconds(reps: int, function: Callable, *args) -> float:
-    function(*args), function(*args)
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        function(*args)
-        times.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(times)
 
 
 def onednn_product(x: torch.Tensor, weight: torch.Tensor, rows: int | None) -> torch.Tensor:
