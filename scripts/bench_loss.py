@@ -6,7 +6,9 @@ forward + backward, and whether they compute the same values.
 
 plain: label_smoothed_loss over the logits of F.linear(hidden, weight), what the trainer ran
 before (the (tokens x V) logits, their fp32 log-softmax and its gradient all alive at once).
-chunked: projected_loss, what it runs now (transformer_mt/train/loss.py). Each process keeps freed
+chunked: projected_loss, what it runs now (transformer_mt/train/loss.py), with its two products by
+oneDNN's kernel as trainer.cpu_linear=onednn (the default) has them, or by torch's with
+--cpu-linear torch. Each process keeps freed
 memory in its heap, as tmt-train does (device.keep_freed_host_memory). Both get the same
 hidden states (B, T, D), tied weight (V, D) and targets, with the padding of --padding of the
 positions at the end of the rows, as a length-sorted batch has.
@@ -28,6 +30,7 @@ import time
 
 import torch
 
+from transformer_mt import onednn
 from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.train.loss import label_smoothed_loss, projected_loss
 
@@ -48,14 +51,15 @@ def inputs(args, seed: int = 0):
     return hidden.requires_grad_(), weight.requires_grad_(), target
 
 
-def run(form: str, hidden, weight, target, epsilon: float):
+def run(form: str, hidden, weight, target, args):
     """Forward + backward; the sums and the gradients."""
     hidden.grad = weight.grad = None
     if form == "plain":
         logits = torch.nn.functional.linear(hidden, weight)
-        sums = label_smoothed_loss(logits, target, epsilon=epsilon, pad_id=PAD)
+        sums = label_smoothed_loss(logits, target, epsilon=args.epsilon, pad_id=PAD)
     else:
-        sums = projected_loss(hidden, weight, target, epsilon=epsilon, pad_id=PAD)
+        with onednn.products_by_onednn(args.cpu_linear == "onednn"):  # as the trainer calls it
+            sums = projected_loss(hidden, weight, target, epsilon=args.epsilon, pad_id=PAD)
     sums.loss.backward()
     return float(sums.loss.detach()), float(sums.nll.detach()), hidden.grad, weight.grad
 
@@ -65,11 +69,11 @@ def worker(form: str, args, conn) -> None:
     keep_freed_host_memory()  # as tmt-train sets its process up on the CPU
     hidden, weight, target = inputs(args)
     setup = peak_rss_mb()
-    run(form, hidden, weight, target, args.epsilon)  # untimed: first-touch allocations
+    run(form, hidden, weight, target, args)  # untimed: first-touch allocations
     seconds = []
     for _ in range(args.repeats):
         started = time.perf_counter()
-        run(form, hidden, weight, target, args.epsilon)
+        run(form, hidden, weight, target, args)
         seconds.append(time.perf_counter() - started)
     conn.send({"seconds": statistics.median(seconds), "peak_mb": peak_rss_mb() - setup})
 
@@ -96,6 +100,12 @@ def main() -> None:
     parser.add_argument("--epsilon", type=float, default=0.1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--cpu-linear",
+        choices=("onednn", "torch"),
+        default="onednn",
+        help="the chunked loss's products, as trainer.cpu_linear",
+    )
     args = parser.parse_args()
     results = {"plain": [], "chunked": []}
     for form in ("plain", "chunked", "chunked", "plain"):
@@ -104,7 +114,8 @@ def main() -> None:
     print(
         f"loss alone: vocab {args.vocab:,}, {rows} x {args.length} = {rows * args.length:,} "
         f"positions ({args.padding:.0%} padding), d_model {args.d_model}, fp32, "
-        f"{args.threads} threads; forward + backward, median of {args.repeats}, ABBA"
+        f"{args.threads} threads; forward + backward, median of {args.repeats}, ABBA; the "
+        f"chunked loss's products by {args.cpu_linear} (trainer.cpu_linear)"
     )
     for form, runs in results.items():
         seconds = statistics.mean(r["seconds"] for r in runs)
@@ -122,10 +133,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     hidden, weight, target = inputs(args)
     loss_p, nll_p, gh_p, gw_p = (
-        t.clone() if torch.is_tensor(t) else t
-        for t in run("plain", hidden, weight, target, args.epsilon)
+        t.clone() if torch.is_tensor(t) else t for t in run("plain", hidden, weight, target, args)
     )
-    loss_c, nll_c, gh_c, gw_c = run("chunked", hidden, weight, target, args.epsilon)
+    loss_c, nll_c, gh_c, gw_c = run("chunked", hidden, weight, target, args)
 
     def relative(a, b):
         return (a - b).abs().max().item() / b.abs().max().item()
