@@ -117,8 +117,8 @@ def chunk_products(
     forward = onednn.packed(weight)
     backward = onednn.packed(weight.t()) if wants_grad else None
     return (
-        lambda h: onednn.packed_product(h, forward),
-        lambda g: onednn.packed_product(g, backward),
+        lambda h: onednn.product_in_row_steps(h, forward),
+        lambda g: onednn.product_in_row_steps(g, backward),
     )
 
 

@@ -44,7 +44,8 @@ class StopSignals:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def ignore_stop_signals(worker_id: int = 0) -> None:
-    """DataLoader workers leave stop signals to the training process (worker_init_fn)."""
+def ignore_stop_signals() -> None:
+    """This process leaves stop signals to the training process (a DataLoader worker, the fork
+    server that starts them: train/loader_workers.py)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)

@@ -39,6 +39,7 @@ from transformer_mt.run_dir import RunDir
 from transformer_mt.train.compiling import LENGTH_MULTIPLE, CompileWatch, should_compile
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
 from transformer_mt.train.flops import peak_flops, update_flops
+from transformer_mt.train.loader_workers import start_worker, worker_context
 from transformer_mt.train.loss import LossSums, TrainingLoss
 from transformer_mt.train.monitor import (
     NonFiniteUpdates,
@@ -48,7 +49,7 @@ from transformer_mt.train.monitor import (
 )
 from transformer_mt.train.run_state import Progress, restore_rng, rng_states
 from transformer_mt.train.schedule import paper_schedule
-from transformer_mt.train.signals import StopSignals, ignore_stop_signals
+from transformer_mt.train.signals import StopSignals
 from transformer_mt.train.start import Start, StartKind, describe, shape_refusal
 from transformer_mt.train.validation import ValidationScores, validation_loss
 
@@ -292,7 +293,8 @@ class Trainer:
             num_workers=workers,
             pin_memory=self.device.type == "cuda",
             prefetch_factor=4 if workers else None,
-            worker_init_fn=ignore_stop_signals if workers else None,
+            worker_init_fn=start_worker if workers else None,
+            multiprocessing_context=worker_context() if workers else None,
             # Its own generator: the loader must not draw from the global RNG that dropout uses,
             # or a resumed run would get different dropout masks from an uninterrupted one.
             generator=torch.Generator().manual_seed(settings.seed + progress.epoch),

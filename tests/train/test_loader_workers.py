@@ -1,0 +1,91 @@
+"""The training DataLoader's workers (trainer.loader_workers, train/loader_workers.py): on Linux
+they start from a fork server, not as forks of the training process (whose heap they would share
+copy-on-write), collate the same batches the trainer would, leave stop signals to the trainer,
+and end when the trainer is killed."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_mt.data.prepare import prepare
+from transformer_mt.run_dir import RunDir
+from transformer_mt.train.signals import STOP_SIGNALS
+from transformer_mt.train.trainer import Trainer
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux's")
+
+
+def status_of(pid: int) -> dict[str, str]:
+    """/proc/PID/status as a dict; empty once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return {}
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def ignores(pid: int, sig: int) -> bool:
+    return bool(int(status_of(pid)["SigIgn"], 16) >> (sig - 1) & 1)
+
+
+def test_a_worker_is_not_a_fork_of_the_trainer_and_collates_the_same_batches(tiny_train_job):
+    job = tiny_train_job("trainer.loader_workers=1")
+    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
+    trainer.writer.close()
+    loader = trainer.epoch_loader()
+    assert loader.multiprocessing_context.get_start_method() == "forkserver"
+    batches = iter(loader)
+    (worker,) = batches._workers
+    server = int(status_of(worker.pid)["PPid"])
+    assert server != os.getpid()
+    assert all(ignores(pid, sig) for pid in (server, worker.pid) for sig in STOP_SIGNALS)
+    from_worker = list(batches)
+    here = [loader.dataset[index] for index in loader.sampler]
+    assert len(from_worker) == len(here) > 1
+    for theirs, ours in zip(from_worker, here, strict=True):
+        for field in dataclasses.fields(ours):
+            mine, expected = getattr(theirs, field.name), getattr(ours, field.name)
+            assert torch.equal(torch.as_tensor(mine), torch.as_tensor(expected))
+
+
+# A process that starts a worker as the trainer does, prints the worker's pid and waits.
+TRAINER = textwrap.dedent(
+    """
+    import time, torch
+    from transformer_mt.train.loader_workers import start_worker, worker_context
+    numbers = torch.utils.data.TensorDataset(torch.arange(100))
+    loader = torch.utils.data.DataLoader(
+        numbers, num_workers=1, prefetch_factor=1,
+        worker_init_fn=start_worker, multiprocessing_context=worker_context())
+    batches = iter(loader)
+    next(batches)
+    print(batches._workers[0].pid, flush=True)
+    time.sleep(600)
+    """
+)
+
+
+def test_the_worker_and_its_server_end_when_the_trainer_is_killed():
+    trainer = subprocess.Popen([sys.executable, "-c", TRAINER], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(trainer.stdout.readline())
+        server = int(status_of(worker)["PPid"])
+        assert server != trainer.pid
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    gone = lambda pid: status_of(pid).get("State", "Z").startswith("Z")  # noqa: E731
+    deadline = time.monotonic() + 60  # a generous bound: they end within a second here
+    while not (gone(worker) and gone(server)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert gone(worker) and gone(server)
