@@ -2,7 +2,7 @@
 
 On Linux they start from a fork server, not as forks of the training process. A fork shares the
 trainer's heap copy-on-write, so after each epoch's new worker every page the trainer wrote
-again was copied: bursts of up to 380,000 page faults in 15 s at each epoch's start, with up to
+again was copied: bursts of up to 383,000 page faults in 15 s at each epoch's start, with up to
 80% of a core in the kernel, in a Multi30k run on 2 cores (benchmarks/multi30k_recipe.txt,
 run 6). The server is a separate process that imports torch and the batching code once
 (train/loader_server.py) and ignores the stop signals, as its workers do: a SIGTERM to the whole
