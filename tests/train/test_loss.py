@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from transformer_mt.train.loss import label_smoothed_loss, projected_loss
+from transformer_mt.onednn import ROW_STEP
+from transformer_mt.train.loss import default_chunk_tokens, label_smoothed_loss, projected_loss
 
 
 def test_label_smoothed_loss_equals_hand_computed_value():
@@ -125,3 +126,14 @@ def test_projected_loss_under_bf16_autocast_follows_the_plain_one():
     # bf16 matmuls on both sides (8 bits of mantissa): a few 1e-3 of the largest entry.
     assert (h_ours - h_plain).abs().max() <= 1e-2 * h_plain.abs().max()
     assert (w_ours - w_plain).abs().max() <= 1e-2 * w_plain.abs().max()
+
+
+@pytest.mark.parametrize(
+    ("vocab_size", "expected"),
+    [(37000, 512), (8000, 2048), (32000, 512), (10**9, ROW_STEP)],
+)
+def test_default_chunks_are_whole_row_steps(vocab_size, expected):
+    # 2**24 logits per chunk on the CPU, in whole steps of ROW_STEP rows: at 37,000 pieces
+    # 453 rows would be padded to 512 for every chunk's products; at least one step.
+    chunk = default_chunk_tokens(torch.device("cpu"), vocab_size)
+    assert chunk == expected and chunk % ROW_STEP == 0

@@ -41,6 +41,14 @@ from transformer_mt import onednn
 CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**27}
 
 
+def default_chunk_tokens(device: torch.device, vocab_size: int) -> int:
+    """Tokens per chunk: about CHUNK_ELEMENTS logits, in whole steps of onednn.ROW_STEP rows, so
+    that the CPU's padded products (onednn.product_in_row_steps) pad only the last chunk (at
+    37,000 pieces 2**24 elements are 453 rows, which it would pad to 512 in every chunk)."""
+    budget = CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cpu"])
+    return onednn.ROW_STEP * max(1, round(budget / vocab_size / onednn.ROW_STEP))
+
+
 class LossSums(NamedTuple):
     loss: Tensor  # summed label-smoothed loss (what is minimised)
     nll: Tensor  # summed negative log-likelihood of the references (for perplexity)
@@ -89,8 +97,7 @@ def projected_loss(
         weights = keep.flatten().to(torch.float32)
     dtype = autocast_dtype_of(hidden.device)
     if chunk_tokens is None:
-        budget = CHUNK_ELEMENTS.get(hidden.device.type, CHUNK_ELEMENTS["cpu"])
-        chunk_tokens = max(1, budget // weight.shape[0])
+        chunk_tokens = default_chunk_tokens(hidden.device, weight.shape[0])
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(hidden.device.type, enabled=False):
         loss, nll = ProjectedLoss.apply(
