@@ -54,28 +54,48 @@ def packed_product(x: Tensor, packed_weight: Tensor, bias: Tensor | None = None,
     return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, attribute, [], "")
 
 
-# Training's products pad their rows with zeros up to a multiple of this. oneDNN and torch's
-# wrapper of it (ideep) each keep what they made for a new shape in a cache of 1,024 entries,
-# memory included, and every micro-batch brings new row counts: a 400-update Multi30k run's
-# process grew to 5.0 GB and was still growing, against 1.25 GB with torch's products
-# (benchmarks/multi30k_recipe.txt, run 6; 1.73 GB and flat in steps of 128). In steps of 128
-# rows a 4,096-token batch has at most 32 row counts per weight, made once. The cost: 64 more
-# rows in 2,000-4,000 on average, and a copy of the input; the forward products about 8%
-# slower, the loop about 4% (run 6).
+# oneDNN and torch's wrapper of it (ideep) each keep what they made for a new shape in a cache of
+# 1,024 entries, memory included, so the products pad their rows with zeros to a few row counts.
+#
+# Training's products pad to a multiple of ROW_STEP. Every micro-batch brings new row counts: a
+# 400-update Multi30k run's process grew to 5.0 GB and was still growing, against 1.25 GB with
+# torch's products (benchmarks/multi30k_recipe.txt, run 6; 1.73 GB and flat in steps of 128). In
+# steps of 128 rows a 4,096-token batch has at most 32 row counts per weight, made once. The
+# cost: 64 more rows in 2,000-4,000 on average, and a copy of the input; the forward products
+# about 8% slower, the loop about 4% (run 6).
 ROW_STEP = 128
 
 
+def training_rows(count: int) -> int:
+    """`count` rows rounded up to a multiple of ROW_STEP."""
+    return count + -count % ROW_STEP
+
+
+def decoding_rows(count: int) -> int:
+    """`count` rows as they are up to 15, above in steps of an eighth of the power of two below
+    them (16-31 in steps of 2, 32-63 of 4, ...): under 1/8 more rows, 8 row counts per doubling.
+
+    A decoding step's rows are its live hypotheses, a new count whenever a sentence finishes.
+    10,000 lines of Multi30k (test_2016_flickr ten times over, one call) gave the linear layers
+    1,320 shapes unpadded, and the process grew steadily to 1.6 GB; in these steps 241 shapes,
+    0.96 GB and flat, the same translations, 0.96x the time. On the 1,000 lines once, 1.03x the
+    time (benchmarks/decode.txt, 2026-12-04). A single sentence's 1-15 rows stay as they are:
+    padding them would multiply small products by up to 8."""
+    step = 1 << max(count.bit_length() - 4, 0)
+    return count + -count % step
+
+
 def product_in_row_steps(
-    x: Tensor, packed_weight: Tensor, bias: Tensor | None = None, *, relu=False
+    x: Tensor, packed_weight: Tensor, bias: Tensor | None = None, *, relu=False, rows=training_rows
 ):
-    """`packed_product` of x (..., in) with its rows padded to a multiple of ROW_STEP for the
-    kernel, and the padding's rows dropped from the result (..., out)."""
-    rows = x.reshape(-1, x.shape[-1])
-    count = rows.shape[0]
-    padding = -count % ROW_STEP
+    """`packed_product` of x (..., in) with its rows padded with zeros to `rows(count)`
+    for the kernel, and the padding's rows dropped from the result (..., out)."""
+    flat = x.reshape(-1, x.shape[-1])
+    count = flat.shape[0]
+    padding = rows(count) - count
     if padding:
-        rows = torch.cat([rows, rows.new_zeros(padding, rows.shape[1])])
-    product = packed_product(rows, packed_weight, bias, relu=relu)[:count]
+        flat = torch.cat([flat, flat.new_zeros(padding, flat.shape[1])])
+    product = packed_product(flat, packed_weight, bias, relu=relu)[:count]
     return product.reshape(*x.shape[:-1], product.shape[-1])
 
 

@@ -169,6 +169,32 @@ def test_float32_calls_on_the_cpu_search_with_the_onednn_copies_others_with_the_
     assert all(abs(ours.score - theirs.score) < 1e-4 for ours, theirs in same)
 
 
+def test_decoding_pads_rows_to_few_counts_and_at_most_an_eighth_more():
+    padded = {count: onednn.decoding_rows(count) for count in range(1, 8193)}
+    assert all(padded[count] == count for count in range(1, 16))  # a sentence's beams: as they are
+    assert all(count <= rows < count * 9 / 8 for count, rows in padded.items())
+    # oneDNN caches a kernel per shape (1,024 in all): 15 counts, then 8 per doubling to 8,192.
+    assert len(set(padded.values())) == 15 + 8 * 9 + 1
+    assert all(onednn.decoding_rows(rows) == rows for rows in padded.values())
+
+
+@needs_onednn
+@pytest.mark.parametrize("count", [1, 15, 17, 100, 1000])
+def test_a_onednn_layer_gives_f_linears_rows_and_the_kernel_its_padded_rows(count, monkeypatch):
+    layer = nn.Linear(48, 40)
+    x = torch.randn(count, 48, generator=torch.Generator().manual_seed(count))
+    given = []  # the rows each kernel call is given
+    product = onednn.packed_product
+    monkeypatch.setattr(
+        onednn, "packed_product", lambda x, *a, **k: given.append(len(x)) or product(x, *a, **k)
+    )
+    with torch.no_grad():
+        y = OneDnnLinear(layer)(x.view(count, 1, 48))
+        reference = layer(x).view(count, 1, 40)
+    assert given == [onednn.decoding_rows(count)]
+    assert relative_error(y, reference) < 1e-5
+
+
 @pytest.mark.parametrize("kernel", list(LinearKernel))
 def test_a_copy_and_its_search_leave_torchs_random_stream_alone(random_model, kernel):
     """Training validates through these copies: drawing from torch's generator there would

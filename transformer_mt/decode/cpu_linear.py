@@ -46,7 +46,8 @@ class LinearKernel(str, Enum):
 
 
 class OneDnnLinear(nn.Module):
-    """y = x W^T + b with W reordered once for oneDNN's kernel (inference only: no gradients)."""
+    """y = x W^T + b with W reordered once for oneDNN's kernel (inference only: no gradients),
+    the rows padded to onednn.decoding_rows so that oneDNN's caches hold few shapes."""
 
     def __init__(self, linear: nn.Linear):
         super().__init__()
@@ -55,7 +56,7 @@ class OneDnnLinear(nn.Module):
         self.bias = linear.bias.detach() if linear.bias is not None else None
 
     def forward(self, x: Tensor) -> Tensor:
-        return onednn.packed_product(x, self.packed, self.bias)
+        return onednn.product_in_row_steps(x, self.packed, self.bias, rows=onednn.decoding_rows)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}"
