@@ -30,6 +30,8 @@ spike in one block. The machine's load average is printed: other work on the cor
 
 Reported per model: target tokens/s and GFLOP/s over the timed steps, peak RSS of its process and
 how much the training steps raised that peak above the set-up (model, optimizer, imports) one.
+For scale, the rate of one matrix product on the step's largest shapes (torch.mm's, and on the
+CPU oneDNN's, each its fastest of 5 rounds), and each model's GFLOP/s as a share of the faster.
 The FLOP count (transformer_mt/train/flops.py) is the usual matmul estimate, the same for both,
 on the real (non-padding) tokens. --passes 2 runs the timed steps twice: the second pass meets
 only shapes seen before (as every epoch after the first: cuDNN's attention plans and the caching
@@ -65,6 +67,7 @@ and on a GPU the host's operators by their own CPU time.
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import multiprocessing as mp
 import os
@@ -79,6 +82,7 @@ import numpy as np
 import torch
 from profile_step import StepProfile, profile_update  # scripts/, beside this file
 
+from transformer_mt import onednn
 from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainJob, compose_job
 from transformer_mt.data.batching import Batch, collate, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
@@ -106,6 +110,7 @@ COLUMNS = {
     "marian-eager": MARIAN_EAGER,
 }
 CPU = torch.device("cpu")
+ONEDNN_PRODUCT = "oneDNN (weight reordered)"
 # --data generated: the pairs whose lengths the length-sorted batches are cut from. WMT14 en-de
 # has 4.5M; 120,000 left the batches sparse (11.8% padding at 25,000 tokens against 2.5% on
 # WMT): a million or two give WMT's padding. Pieces are drawn only for the batches timed.
@@ -529,41 +534,63 @@ def speed_ratios(ours: Timing, marian: Timing) -> str:
     )
 
 
-def matmul_rate(
+def product_rates(
     model: ModelConfig,
     vocab_size: int,
     tokens: int,
     threads: int,
     device: torch.device = CPU,
     dtype: torch.dtype = torch.float32,
-) -> float:
-    """FLOP/s of torch.mm alone on this step's largest shapes (the output projection and the
-    feed-forward layers over a batch's tokens): what a model made only of matmuls would reach."""
+) -> dict[str, float]:
+    """FLOP/s of one matrix product on this step's largest shapes (the output projection and the
+    feed-forward layers over a batch's tokens): what a model made only of matmuls would reach.
+    By torch.mm, and in float32 on the CPU also by oneDNN's kernel with the weight reordered once
+    (onednn.py, the product ours makes there), which can be the faster of the two. Each product
+    counts its fastest of several rounds: a round the machine slowed says nothing of the kernel."""
     torch.set_num_threads(threads)
     x = torch.randn(tokens, model.d_model, device=device, dtype=dtype)
-    weights = [
-        torch.randn(model.d_model, size, device=device, dtype=dtype)
+    weights = [  # (out, in), as a linear layer's
+        torch.randn(size, model.d_model, device=device, dtype=dtype)
         for size in (vocab_size, model.d_ff)
     ]
     # Into outputs made once: a fresh (tokens x vocabulary) block per product would time the
     # allocator (on the CPU, pages mapped and zeroed afresh), not the matmul.
-    outputs = [torch.empty(tokens, w.shape[1], device=device, dtype=dtype) for w in weights]
-    for w, out in zip(weights, outputs, strict=True):
-        torch.mm(x, w, out=out)  # warm-up
-    repeats = 5 if device.type == "cpu" else 50
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started, flops = time.perf_counter(), 0.0
-    for _ in range(repeats):
-        for w, out in zip(weights, outputs, strict=True):
-            torch.mm(x, w, out=out)
-            flops += 2.0 * tokens * w.shape[0] * w.shape[1]
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return flops / (time.perf_counter() - started)
+    outputs = [torch.empty(tokens, w.shape[0], device=device, dtype=dtype) for w in weights]
+    products = {
+        "torch.mm": [
+            functools.partial(torch.mm, x, w.t(), out=out)
+            for w, out in zip(weights, outputs, strict=True)
+        ]
+    }
+    if device.type == "cpu" and dtype == torch.float32 and onednn.available():
+        keep_freed_host_memory()  # its outputs come from the heap, as in the trainer's process
+        products[ONEDNN_PRODUCT] = [
+            functools.partial(onednn.product_in_row_steps, x, onednn.packed(w)) for w in weights
+        ]
+    flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for w in weights)
+    rounds = 5 if device.type == "cpu" else 50
+    return {
+        name: flops / sum(fastest_call(call, rounds, device) for call in calls)
+        for name, calls in products.items()
+    }
 
 
-def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, peak: float) -> None:
+def fastest_call(call, rounds: int, device: torch.device) -> float:
+    """The shortest time of `rounds` calls of `call`, after one untimed."""
+    call()
+    times = []
+    for _ in range(rounds):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - started)
+    return min(times)
+
+
+def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, rates) -> None:
     print(
         f"model={args.model} vocab={vocab_size} batch_tokens={args.batch_tokens} "
         f"threads={args.threads} data={args.data}"
@@ -589,10 +616,16 @@ def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, pe
             f"{t.seconds / n_steps:>7.2f} {t.loss / t.tokens:>6.3f} "
             f"{info['peak_mb']:>6,.0f} MB {info['peak_mb'] - info['setup_mb']:>7,.0f} MB"
         )
+    said = ", ".join(f"{name} {rate / 1e9:.1f}" for name, rate in rates.items())
     print(
-        f"  for scale: torch.mm alone on the output-projection and feed-forward shapes of a "
-        f"{args.batch_tokens}-token batch runs at {peak / 1e9:.1f} GFLOP/s here"
+        f"  for scale: one product on the output-projection and feed-forward shapes of a "
+        f"{args.batch_tokens}-token batch, the fastest of 5 rounds, in GFLOP/s here: {said}"
     )
+    best = max(rates.values())
+    shares = ", ".join(
+        f"{c.kind} {c.timed.flops.real / c.timed.seconds / best:.0%}" for c in columns
+    )
+    print(f"  GFLOP/s as a share of the faster product's: {shares}")
     print_ratios(columns)
     print(
         "  (peak RSS: the whole process; train +RSS: what the training steps added above the "
@@ -832,12 +865,13 @@ def main() -> None:
         run_blocks(columns, steps, args)
         loads = (load_before, os.getloadavg()[0])
         if device.type == "cpu" and not args.gpu_report:
-            peak = matmul_rate(job.model, vocab_size, args.batch_tokens, args.threads)
-            report(columns, args, vocab_size, len(steps) - args.warmup, loads, peak)
+            rates = product_rates(job.model, vocab_size, args.batch_tokens, args.threads)
+            report(columns, args, vocab_size, len(steps) - args.warmup, loads, rates)
         else:
             dtype = autocast_dtype(device, job.trainer.precision) or torch.float32
             tokens = max_padded(steps[args.warmup :])
-            mm_rate = matmul_rate(job.model, vocab_size, tokens, args.threads, device, dtype)
+            rates = product_rates(job.model, vocab_size, tokens, args.threads, device, dtype)
+            mm_rate = rates["torch.mm"]
             precision = "bf16 autocast" if dtype == torch.bfloat16 else "fp32"
             gpu_report(columns, args, vocab_size, steps, precision, mm_rate)
         finish(columns, steps, args)  # the profile, if asked for, then ours exits

@@ -53,6 +53,9 @@ def test_bench_train_runs_ours_and_marian_at_toy_size():
     assert done.returncode == 0, done.stderr
     assert "ours (transformer_mt)" in done.stdout and "marian (transformers" in done.stdout
     assert "ours / marian:" in done.stdout
+    scale = next(line for line in done.stdout.splitlines() if "for scale:" in line)
+    assert "torch.mm" in scale and ("oneDNN" in scale) == onednn.available(), scale
+    assert re.search(r"share of the faster product's: ours \d+%, marian \d+%", done.stdout)
     profile = done.stdout[done.stdout.index("profile, ours") :].splitlines()
     assert "3 updates after 1 skipped and 1 warm-up; CPU operators by torch.profiler" in profile[0]
     assert profile[1].startswith("    of the busy time: ") and "matmul" in profile[1]
