@@ -31,7 +31,8 @@ spike in one block. The machine's load average is printed: other work on the cor
 Reported per model: target tokens/s and GFLOP/s over the timed steps, peak RSS of its process and
 how much the training steps raised that peak above the set-up (model, optimizer, imports) one.
 For scale, the rate of one matrix product on the step's largest shapes (torch.mm's, and on the
-CPU oneDNN's, each its fastest of 5 rounds), and each model's GFLOP/s as a share of the faster.
+CPU oneDNN's, each its fastest of 5 rounds; 50 on a GPU), and each model's GFLOP/s as a share of
+the faster.
 The FLOP count (transformer_mt/train/flops.py) is the usual matmul estimate, the same for both,
 on the real (non-padding) tokens. --passes 2 runs the timed steps twice: the second pass meets
 only shapes seen before (as every epoch after the first: cuDNN's attention plans and the caching
@@ -541,6 +542,7 @@ def product_rates(
     threads: int,
     device: torch.device = CPU,
     dtype: torch.dtype = torch.float32,
+    with_onednn: bool = True,
 ) -> dict[str, float]:
     """FLOP/s of one matrix product on this step's largest shapes (the output projection and the
     feed-forward layers over a batch's tokens): what a model made only of matmuls would reach.
@@ -562,7 +564,7 @@ def product_rates(
             for w, out in zip(weights, outputs, strict=True)
         ]
     }
-    if device.type == "cpu" and dtype == torch.float32 and onednn.available():
+    if with_onednn and device.type == "cpu" and dtype == torch.float32 and onednn.available():
         keep_freed_host_memory()  # its outputs come from the heap, as in the trainer's process
         products[ONEDNN_PRODUCT] = [
             functools.partial(onednn.product_in_row_steps, x, onednn.packed(w)) for w in weights
@@ -700,7 +702,7 @@ def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: s
     print(
         f"  for scale: torch.mm in {precision} on the output-projection and feed-forward shapes "
         f"of {max_padded(timed):,} tokens runs at {mm_rate / 1e12:.{0 if mm_rate >= 1e13 else 2}f} "
-        "TFLOP/s here"
+        "TFLOP/s here (the fastest of 50 calls)"
     )
     print_ratios(columns)
 
@@ -870,7 +872,9 @@ def main() -> None:
         else:
             dtype = autocast_dtype(device, job.trainer.precision) or torch.float32
             tokens = max_padded(steps[args.warmup :])
-            rates = product_rates(job.model, vocab_size, tokens, args.threads, device, dtype)
+            rates = product_rates(
+                job.model, vocab_size, tokens, args.threads, device, dtype, with_onednn=False
+            )
             mm_rate = rates["torch.mm"]
             precision = "bf16 autocast" if dtype == torch.bfloat16 else "fp32"
             gpu_report(columns, args, vocab_size, steps, precision, mm_rate)

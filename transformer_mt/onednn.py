@@ -77,10 +77,10 @@ def decoding_rows(count: int) -> int:
 
     A decoding step's rows are its live hypotheses, a new count whenever a sentence finishes.
     10,000 lines of Multi30k (test_2016_flickr ten times over, one call) gave the linear layers
-    1,320 shapes unpadded, and the process grew steadily to 1.6 GB; in these steps 241 shapes,
-    0.96 GB and flat, the same translations, 0.96x the time. On the 1,000 lines once, 1.03x the
-    time (benchmarks/decode.txt, 2026-12-04). A single sentence's 1-15 rows stay as they are:
-    padding them would multiply small products by up to 8."""
+    1,320 shapes unpadded, and the process grew steadily to 1,606 MiB; in these steps 241
+    shapes, 963 MiB and flat, the same translations, 0.96x the time. On the 1,000 lines once,
+    1.03x the time (benchmarks/decode.txt, 2026-12-04). A single sentence's 1-15 rows stay as
+    they are: padding them would multiply small products by up to 8."""
     step = 1 << max(count.bit_length() - 4, 0)
     return count + -count % step
 

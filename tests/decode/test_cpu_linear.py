@@ -171,6 +171,7 @@ def test_float32_calls_on_the_cpu_search_with_the_onednn_copies_others_with_the_
 
 def test_decoding_pads_rows_to_few_counts_and_at_most_an_eighth_more():
     padded = {count: onednn.decoding_rows(count) for count in range(1, 8193)}
+    assert onednn.decoding_rows(0) == 0
     assert all(padded[count] == count for count in range(1, 16))  # a sentence's beams: as they are
     assert all(count <= rows < count * 9 / 8 for count, rows in padded.items())
     # oneDNN caches a kernel per shape (1,024 in all): 15 counts, then 8 per doubling to 8,192.
