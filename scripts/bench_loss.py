@@ -58,8 +58,10 @@ def run(form: str, hidden, weight, target, args):
         logits = torch.nn.functional.linear(hidden, weight)
         sums = label_smoothed_loss(logits, target, epsilon=args.epsilon, pad_id=PAD)
     else:
-        with onednn.products_by_onednn(args.cpu_linear == "onednn"):  # as the trainer calls it
-            sums = projected_loss(hidden, weight, target, epsilon=args.epsilon, pad_id=PAD)
+        by_onednn = args.cpu_linear == "onednn" and onednn.available()  # as the trainer's policy
+        sums = projected_loss(
+            hidden, weight, target, epsilon=args.epsilon, pad_id=PAD, by_onednn=by_onednn
+        )
     sums.loss.backward()
     return float(sums.loss.detach()), float(sums.nll.detach()), hidden.grad, weight.grad
 

@@ -89,12 +89,12 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer_mt.device import autocast_dtype, autocast_for, keep_freed_host_memory
+from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.errors import TransformerMTError
+from transformer_mt.execution import COMPILED_LENGTH_MULTIPLE, ExecutionPolicy, autocast_dtype
 from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import Dropout, count_parameters
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train.compiling import LENGTH_MULTIPLE, compile_setting
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, Flops, peak_flops, update_flops
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.schedule import paper_schedule
@@ -197,14 +197,15 @@ class OursRunner:
     ):
         if plain:
             job.trainer.cpu_linear = CpuLinear.torch
-        self.trainer = Trainer(job, RunDir(job.run_dir), data, device)
+        policy = ExecutionPolicy.for_training(job.trainer, device)
+        self.trainer = Trainer(job, RunDir(job.run_dir), data, policy)
         self.model = self.trainer.model
         self.label = "transformer_mt"
         if plain:
             use_torch_dropout(self.model)
             loss = PlainLoss(self.model, job.optim.label_smoothing)
             # compiled as the trainer compiles its own loss module (--compile)
-            compiled = self.trainer.compiled
+            compiled = self.trainer.policy.compile
             self.trainer.train_model = torch.compile(loss, dynamic=True) if compiled else loss
 
     def step(self, batches: list[Batch]) -> torch.Tensor:
@@ -259,7 +260,8 @@ class MarianRunner:
         self.model.to(device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.forward = self.model
-        if compile_setting(job.trainer.compile):  # as Trainer does with trainer.compile=true
+        self.policy = ExecutionPolicy.for_training(job.trainer, device)  # as Trainer runs
+        if self.policy.compile:
             self.forward = torch.compile(self.model, dynamic=True)
         self.optimizer = torch.optim.AdamW(
             self.params,
@@ -284,7 +286,7 @@ class MarianRunner:
         loss_sum = torch.zeros((), device=self.device)
         for batch in batches:
             batch = batch.to(self.device)
-            with autocast_for(self.device, self.cfg.trainer.precision):
+            with self.policy.forward():
                 logits = self.forward(
                     input_ids=batch.src,
                     attention_mask=batch.src != PAD_ID,
@@ -849,7 +851,7 @@ def main() -> None:
         steps = collated(data, batches)
         # A compiled model gets the same batches with its padded lengths rounded up, as the
         # trainer collates them (its padded FLOPs count them; its real ones are the same).
-        bucketed = collated(data, batches, LENGTH_MULTIPLE)
+        bucketed = collated(data, batches, COMPILED_LENGTH_MULTIPLE)
         load_before = os.getloadavg()[0]
         generated = args.data == "generated"
         worker_data = data if generated else None  # the workers read the prepared corpus's cache

@@ -1,26 +1,36 @@
 """trainer.sdpa_backends and decode.sdpa_backends: which kernels scaled_dot_product_attention may
-use in the training step and in our searches (README: turning cuDNN attention off on H100/H200,
-pytorch#196678). On the CPU, a list that holds no CPU kernel (cudnn alone) makes attention fail
-with torch's "No viable backend": the proof that the switch reaches the call."""
+use in the training step and in our searches, as the execution policy orders them ([auto]: ours,
+on CUDA flash, efficient, math: cuDNN's per-shape plans and pytorch#196678 kept out). On the CPU,
+a list that holds no CPU kernel (cudnn alone) makes attention fail with torch's "No viable
+backend": the proof that the switch reaches the call."""
 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend
+from toy_runs import trainer_for
 
-from transformer_mt.config import DecodeConfig, ModelConfig, SdpaBackend, Strategy, validate_train
+from transformer_mt import execution
+from transformer_mt.config import (
+    DecodeConfig,
+    ModelConfig,
+    SdpaBackend,
+    Strategy,
+    TrainerConfig,
+    validate_train,
+)
 from transformer_mt.data.prepare import prepare
 from transformer_mt.data.tokenizer import PAD_ID
 from transformer_mt.decode.translator import ModelSearch
-from transformer_mt.device import attention_kernels
 from transformer_mt.errors import ConfigError
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import Transformer
-from transformer_mt.run_dir import RunDir
 from transformer_mt.train.start import STEERING_KEYS
-from transformer_mt.train.trainer import Trainer
 
 NO_CPU_KERNEL = "No viable backend for scaled_dot_product_attention"
 
@@ -32,27 +42,60 @@ def attend() -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=keep)
 
 
+def policy(*backends: SdpaBackend, device: str = "cpu") -> ExecutionPolicy:
+    return ExecutionPolicy.for_training(
+        TrainerConfig(sdpa_backends=list(backends)), torch.device(device)
+    )
+
+
 def test_the_switch_limits_the_kernels_and_default_leaves_torchs_choice():
     reference = attend()
-    with attention_kernels([SdpaBackend.math]):
+    with policy(SdpaBackend.math).forward():
         assert torch.allclose(attend(), reference, atol=1e-6)
-    with attention_kernels([SdpaBackend.default]):
+    with policy(SdpaBackend.default).forward():
         attend()
-    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL), attention_kernels([SdpaBackend.cudnn]):
+    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL), policy(SdpaBackend.cudnn).forward():
         attend()
     attend()  # the context restores what it found
+
+
+def test_on_cuda_auto_orders_flash_efficient_math_and_keeps_cudnn_out(monkeypatch):
+    """Checked without a GPU: the order the policy hands torch's sdpa_kernel."""
+    handed = []
+    monkeypatch.setattr(
+        execution, "sdpa_kernel", lambda kernels, **_: handed.append(kernels) or nullcontext()
+    )
+    monkeypatch.setattr(torch, "autocast", lambda *args, **kwargs: nullcontext())
+    cuda = policy(SdpaBackend.auto, device="cuda")
+    assert cuda.attention == (SdpaBackend.flash, SdpaBackend.efficient, SdpaBackend.math)
+    with cuda.forward():
+        pass
+    flash, efficient, math = (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    )
+    assert handed == [[flash, efficient, math]]
+    assert TrainerConfig().sdpa_backends == DecodeConfig().sdpa_backends == [SdpaBackend.auto]
+    decoding = ExecutionPolicy.for_decoding(DecodeConfig(), torch.device("cuda"))
+    assert decoding.attention == cuda.attention
+    # torch's own choice: [default] anywhere, and [auto] where we have no order of our own
+    assert policy(SdpaBackend.default, device="cuda").attention is None
+    assert policy(SdpaBackend.auto).attention is None
 
 
 def test_the_training_step_runs_under_trainer_sdpa_backends(tiny_train_job):
     job = tiny_train_job("trainer.sdpa_backends=[cudnn]")
     assert job.trainer.sdpa_backends == [SdpaBackend.cudnn]  # composed as the enum
     data = prepare(job.data)
-    trainer = Trainer(job, RunDir(job.run_dir), data, torch.device("cpu"))
-    trainer.writer.close()
+    trainer = trainer_for(job, data)
+    trainer.metrics.close()
     batch = next(iter(trainer.epoch_loader()))
     with pytest.raises(RuntimeError, match=NO_CPU_KERNEL):
         trainer.train_step([batch])
     job.trainer.sdpa_backends = [SdpaBackend.flash, SdpaBackend.math]
+    trainer = trainer_for(job, data)
+    trainer.metrics.close()
     assert torch.isfinite(trainer.train_step([batch]).loss)
 
 
@@ -76,6 +119,8 @@ def tokens(nbest_lists) -> list[list[list[int]]]:
 def test_default_goes_alone_and_the_key_steers_a_resume(tiny_train_job):
     with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*got \[default,math\]"):
         validate_train(tiny_train_job("trainer.sdpa_backends=[default,math]"))
+    with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*got \[auto,flash\]"):
+        validate_train(tiny_train_job("trainer.sdpa_backends=[auto,flash]"))
     with pytest.raises(ConfigError, match="'decode.sdpa_backends'"):
         validate_train(tiny_train_job("decode.sdpa_backends=[]"))
     with pytest.raises(Exception, match="fast"):  # not a kernel's name: refused when composed

@@ -11,6 +11,8 @@ import transformer_mt
 LAYERS = [
     # configs, errors, files, locks, devices, the torch build for the driver
     {"config", "errors", "files", "run_lock", "device", "torch_builds", "onednn"},
+    # how a device runs the model: precision, attention kernels, compile, CPU products
+    {"execution"},
     {"data"},  # sources, toy corpus, cleaning, SentencePiece, store, batching
     {"model"},  # pure tensors: encode / decode with a KV cache
     {"checkpoint", "run_dir"},  # the checkpoint format; the run folder's layout

@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 from test_cli import train_one_update
+from toy_runs import trainer_for
 
 from transformer_mt.commands.train import train
-from transformer_mt.data.prepare import prepare
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.run_dir import RunDir
 from transformer_mt.run_lock import RunLock
-from transformer_mt.train.trainer import Trainer
 from transformer_mt.train.validation import ValidationScores
 
 BIN = Path(sys.executable).parent
@@ -111,7 +110,7 @@ def test_a_resume_points_best_pt_at_the_recorded_best(tiny_train_job, tmp_path):
 
 def test_a_nan_validation_never_becomes_the_best_score(tiny_train_job, monkeypatch):
     job = tiny_train_job("trainer.valid_bleu_sentences=0")
-    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
+    trainer = trainer_for(job)
     losses = iter([float("nan"), 3.0, float("nan"), 4.0, 2.5])
     monkeypatch.setattr(trainer, "validate", lambda: ValidationScores(loss=next(losses), nll=0.0))
     judged = [trainer.validate_and_judge()[0] for _ in range(5)]

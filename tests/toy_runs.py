@@ -6,7 +6,15 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import torch
+
+from transformer_mt.config import TrainJob
+from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.toy import toy_pairs
+from transformer_mt.execution import ExecutionPolicy
+from transformer_mt.run_dir import RunDir
+from transformer_mt.train.distributed import Ranks
+from transformer_mt.train.trainer import Trainer
 
 TINY_TRAIN = [
     "data=toy",
@@ -81,3 +89,16 @@ def split_bleu(translator, run_dir: Path, split: str = "test") -> tuple[float, l
     pairs = list(read_pairs(RunDir(run_dir).data_config(), split))
     hypotheses = translator.translate([source for source, _ in pairs])
     return sacrebleu_scores(hypotheses, [target for _, target in pairs]).bleu, hypotheses
+
+
+def trainer_for(
+    job: TrainJob,
+    data: PreparedData | None = None,
+    device: str | torch.device = "cpu",
+    ranks: Ranks | None = None,
+) -> Trainer:
+    """A Trainer of `job` in its run folder, on `data` (None: the job's, prepared now), run as
+    the job's execution policy says on `device` (as tmt-train builds it)."""
+    policy = ExecutionPolicy.for_training(job.trainer, torch.device(device))
+    data = prepare(job.data) if data is None else data
+    return Trainer(job, RunDir(job.run_dir), data, policy, ranks)

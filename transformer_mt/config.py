@@ -55,9 +55,11 @@ class Precision(str, Enum):
 
 
 class SdpaBackend(str, Enum):
-    """A kernel F.scaled_dot_product_attention may run (torch.nn.attention.SDPBackend), or
-    default: torch's own choice among them (on H100/H200 cuDNN's first, since torch 2.9)."""
+    """A kernel F.scaled_dot_product_attention may run (torch.nn.attention.SDPBackend); auto: the
+    order transformer_mt/execution.py gives the device (on CUDA flash, efficient, math); default:
+    torch's own choice among them (on H100/H200 cuDNN's first, since torch 2.9)."""
 
+    auto = "auto"
     default = "default"
     flash = "flash"
     efficient = "efficient"
@@ -241,7 +243,8 @@ class TrainerConfig:
     """auto (bf16 autocast on GPU, fp32 on CPU), fp32, bf16, or fp16 (with a gradient scaler)."""
     compile: str = "auto"
     """true: the model and its loss through torch.compile (padded lengths rounded up to a
-    multiple of 8); false: eager; auto: on CUDA, off on the CPU (train/compiling.py says why)."""
+    multiple of 8); false: eager; auto: on CUDA, off on the CPU (train/compiling.py says why).
+    A string, not an enum: Hydra hands `trainer.compile=false` over as a bool."""
     num_threads: int = 0
     """CPU threads for torch (0: torch's default)."""
     log_every: int = 50
@@ -293,11 +296,11 @@ class TrainerConfig:
     rank at the same update. One process alone reads its own after every update."""
     loader_workers: int = 1
     """Background processes that collate batches (0: collate in the training process)."""
-    sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.default])
-    """The attention kernels the training step may use, in this order of preference: [default]
-    (torch's own choice), or some of flash, efficient, cudnn, math; e.g. [flash,efficient,math]
-    keeps cuDNN attention out (its backward can give NaN gradients with torch 2.13 on
-    H100/H200: pytorch#196678, README)."""
+    sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.auto])
+    """The attention kernels the training step may use, in this order of preference: [auto]
+    (ours: on CUDA [flash,efficient,math], keeping cuDNN's attention out; elsewhere torch's own
+    choice; transformer_mt/execution.py says why), [default] (torch's own choice everywhere: on
+    H100/H200 cuDNN's first), or some of flash, efficient, cudnn, math."""
     cpu_linear: CpuLinear = CpuLinear.onednn
     """How the linear layers and the loss's output projection multiply when the model trains
     in float32 on the CPU (eager): onednn (oneDNN's kernel with the weights reordered at each
@@ -356,10 +359,10 @@ class DecodeConfig:
     """sample: seed of the translator's own random generator (the global RNG is not used)."""
     batch_tokens: int = 4000
     """Source tokens per decoding batch."""
-    sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.default])
-    """The attention kernels our model's searches may use, as trainer.sdpa_backends ([default]:
-    torch's own choice); a CTranslate2 export has its own. On the CPU the decoder's steps (one query
-    row each) use none: model.attend_few_queries."""
+    sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.auto])
+    """The attention kernels our model's searches may use, as trainer.sdpa_backends ([auto]: our
+    order for the device; [default]: torch's own choice); a CTranslate2 export has its own. On
+    the CPU the decoder's steps (one query row each) use none: model.attend_few_queries."""
     precision: DecodePrecision = DecodePrecision.auto
     """What our model computes in while it searches: auto (bf16 autocast on CUDA, fp32
     elsewhere), fp32, or bf16 (autocast, on any device; on a CPU without bf16 instructions it
@@ -682,15 +685,34 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
 
 
 def validate_sdpa_backends(backends: list[SdpaBackend], key: str) -> None:
+    alone = {SdpaBackend.auto, SdpaBackend.default}
     _require(
-        len(backends) >= 1 and (SdpaBackend.default not in backends or len(backends) == 1),
+        len(backends) >= 1 and (alone.isdisjoint(backends) or len(backends) == 1),
         key,
-        f"[default] (torch's own choice) or a list of {', '.join(SDPA_KERNEL_NAMES)}, got "
-        f"[{','.join(backend.value for backend in backends)}]",
+        f"[auto] (our order for the device), [default] (torch's own choice) or a list of "
+        f"{', '.join(SDPA_KERNEL_NAMES)}, got [{','.join(backend.value for backend in backends)}]",
     )
 
 
-SDPA_KERNEL_NAMES = [backend.value for backend in SdpaBackend if backend != SdpaBackend.default]
+SDPA_KERNEL_NAMES = [
+    backend.value
+    for backend in SdpaBackend
+    if backend not in (SdpaBackend.auto, SdpaBackend.default)
+]
+
+COMPILE_SETTINGS = {"auto": None, "true": True, "false": False}
+
+
+def compile_setting(value: object) -> bool | None:
+    """trainer.compile as given (Hydra may hand over a bool or its text): True, False or None
+    (auto); ConfigError naming the key for anything else."""
+    text = str(value).strip().lower()
+    _require(
+        text in COMPILE_SETTINGS,
+        "trainer.compile",
+        f"{value!r} is not one of auto, true, false",
+    )
+    return COMPILE_SETTINGS[text]
 
 
 MIN_VOCAB_SIZE = 4 + 256
@@ -797,6 +819,7 @@ def validate_trainer(trainer: TrainerConfig) -> None:
         "no stopping rule: set max_steps, max_epochs or max_time_minutes",
     )
     validate_sdpa_backends(trainer.sdpa_backends, "trainer.sdpa_backends")
+    compile_setting(trainer.compile)
     _require(
         trainer.resume_from is None or trainer.resume != ResumeMode.never,
         "trainer.resume_from",

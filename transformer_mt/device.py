@@ -1,4 +1,5 @@
-"""Which device and precision a run uses; the host's CPU cores and memory."""
+"""Which device a run uses (precision and kernels: execution.py); the host's CPU cores and
+memory."""
 
 from __future__ import annotations
 
@@ -7,12 +8,9 @@ import logging
 import os
 import re
 from collections.abc import MutableMapping
-from contextlib import AbstractContextManager, nullcontext
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer_mt.config import Precision, SdpaBackend
 from transformer_mt.errors import ConfigError
 from transformer_mt.torch_builds import (
     CUDA_BUILDS,
@@ -100,39 +98,6 @@ def check_no_unusable_gpus(smi_output: str | None) -> None:
         f"none: {cause}. {fix}; or train on the CPU on purpose with trainer.device=cpu (eval and "
         "translate: device=cpu)"
     )
-
-
-def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
-    """bf16 on GPU by default, fp16 when asked for; None (fp32) on CPU unless bf16 is asked for."""
-    if precision == Precision.fp16:
-        return torch.float16
-    if precision == Precision.bf16 or (precision == Precision.auto and device.type == "cuda"):
-        return torch.bfloat16
-    return None
-
-
-def autocast_for(device: torch.device, precision: Precision) -> AbstractContextManager:
-    dtype = autocast_dtype(device, precision)
-    return torch.autocast(device.type, dtype=dtype) if dtype is not None else nullcontext()
-
-
-SDPA_KERNELS = {
-    SdpaBackend.flash: SDPBackend.FLASH_ATTENTION,
-    SdpaBackend.efficient: SDPBackend.EFFICIENT_ATTENTION,
-    SdpaBackend.cudnn: SDPBackend.CUDNN_ATTENTION,
-    SdpaBackend.math: SDPBackend.MATH,
-}
-
-
-def attention_kernels(backends: list[SdpaBackend]) -> AbstractContextManager:
-    """The kernels F.scaled_dot_product_attention may choose from inside the context, in this
-    order of preference (trainer.sdpa_backends, decode.sdpa_backends); [default] leaves torch's
-    own choice. A kernel that cannot take a call (cuDNN and flash: no fp32; the CPU: flash and
-    math only) is passed over; with none left, SDPA fails ("No viable backend for
-    scaled_dot_product_attention")."""
-    if backends == [SdpaBackend.default]:
-        return nullcontext()
-    return sdpa_kernel([SDPA_KERNELS[backend] for backend in backends], set_priority=True)
 
 
 # The caching allocator's settings: PYTORCH_ALLOC_CONF, or the older name torch still reads

@@ -16,7 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_mt import onednn
 from transformer_mt.config import ModelConfig
 
 
@@ -190,11 +189,12 @@ def rows_by_target(attended: Tensor, rows: int) -> Tensor:
 
 
 def project(layer: nn.Module, x: Tensor, *, relu: bool = False) -> Tensor:
-    """layer(x), then ReLU if `relu`. A plain nn.Linear multiplies by onednn.linear: oneDNN's
-    kernel where the trainer asks for it (trainer.cpu_linear), else F.linear. Other layers (the
-    decoding copies' prepacked and int8 ones, decode/cpu_linear.py) are called as they are."""
-    if type(layer) is nn.Linear:
-        return onednn.linear(x, layer.weight, layer.bias, relu=relu)
+    """layer(x), then ReLU if `relu`: in the layer's own call where it fuses the two (a layer
+    with `fuses_relu`, e.g. the training step's oneDNN products that its execution policy puts in
+    a copy of the model), else after it. The model itself has plain nn.Linear layers; the policy
+    decides which kernels multiply (transformer_mt/execution.py)."""
+    if relu and getattr(layer, "fuses_relu", False):
+        return layer(x, relu=True)
     y = layer(x)
     return F.relu(y) if relu else y
 

@@ -12,25 +12,20 @@ nn.Linear), multiplies faster on this project's 2-core machine:
   by torch's mm (oneDNN 0.5-0.9x), which keeps it (scripts/bench_train_kernels.py,
   benchmarks/train_speed.txt).
 
-`linear` is F.linear by that kernel where the trainer asks for it (`products_by_onednn`,
-trainer.cpu_linear=onednn): float32 on the CPU, eager (torch.compile traces F.linear). The same
-float32 products summed in another order: results differ from F.linear's by float32 rounding.
+`TrainingLinear` is an nn.Linear whose products take that kernel, with gradients: the training
+step's copy of the model has them where its execution policy says so (execution.py:
+trainer.cpu_linear=onednn, float32 on the CPU, eager, since torch.compile traces F.linear). The
+same float32 products summed in another order: results differ from F.linear's by float32
+rounding.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 
 import torch
-import torch.nn.functional as F
-from torch import Tensor
-
-# Whether `linear` and the loss's products may take oneDNN's kernel (the trainer's setting).
-_in_use: ContextVar[bool] = ContextVar("transformer_mt.onednn", default=False)
-
+from torch import Tensor, nn
+from torch.nn.utils import skip_init
 
 # The row count oneDNN is told to expect when a weight is reordered. Without one (torch's default)
 # it picks a layout for a single row; a product with a new row count then took up to 6.3x the
@@ -113,40 +108,6 @@ def available() -> bool:
     return torch.equal(product, torch.full((1, 2), 2.0))
 
 
-@contextmanager
-def products_by_onednn(enabled: bool = True) -> Iterator[None]:
-    """Inside the context, `linear` and the loss's products take oneDNN's kernel where
-    `chosen_for` says it applies (the trainer's forward, with trainer.cpu_linear=onednn)."""
-    token = _in_use.set(enabled)
-    try:
-        yield
-    finally:
-        _in_use.reset(token)
-
-
-def chosen_for(x: Tensor, weight: Tensor) -> bool:
-    """Whether a product of `x` by `weight` takes oneDNN's kernel here: asked for
-    (`products_by_onednn`), both float32 on the CPU, no autocast, not traced by torch.compile,
-    and the kernel available."""
-    return (
-        not torch.compiler.is_compiling()  # first: torch.compile reads no further
-        and _in_use.get()
-        and x.device.type == "cpu"
-        and x.dtype == weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-        and available()
-    )
-
-
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, relu=False) -> Tensor:
-    """F.linear(x, weight, bias) (then ReLU if `relu`), by oneDNN's kernel where `chosen_for`
-    says so, with gradients."""
-    if chosen_for(x, weight):
-        return OneDnnProduct.apply(x, weight, bias, relu)
-    y = F.linear(x, weight, bias)
-    return F.relu(y) if relu else y
-
-
 class OneDnnProduct(torch.autograd.Function):
     """y = x W^T + b (then ReLU) forward, and the gradient of x, by oneDNN's kernel (W reordered
     at each call: the weights change at every update); the gradient of W by torch.mm."""
@@ -169,3 +130,21 @@ class OneDnnProduct(torch.autograd.Function):
         grad_weight = grad_rows.t() @ x.reshape(-1, x.shape[-1]) if needs_weight else None
         grad_bias = grad_rows.sum(0) if needs_bias else None
         return grad_x, grad_weight, grad_bias, None
+
+
+class TrainingLinear(nn.Linear):
+    """An nn.Linear whose product y = x W^T + b (then ReLU, in the same kernel, where asked) runs
+    OneDnnProduct: float32 on the CPU, with gradients. Only a policy that chose oneDNN's products
+    makes one (execution.ExecutionPolicy.with_kernels), over an existing layer's parameters."""
+
+    fuses_relu = True  # model.project asks for the ReLU in the call
+
+    @classmethod
+    def over(cls, linear: nn.Linear) -> TrainingLinear:
+        """A TrainingLinear holding `linear`'s own weight and bias (the same Parameters)."""
+        layer = skip_init(cls, linear.in_features, linear.out_features, bias=False)
+        layer.weight, layer.bias = linear.weight, linear.bias
+        return layer
+
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        return OneDnnProduct.apply(x, self.weight, self.bias, relu)

@@ -28,7 +28,7 @@ from transformer_mt.config import DataConfig
 from transformer_mt.data.prepare import PreparedData, prepare, prepared_folder
 from transformer_mt.data.tokenizer import TOKENIZER_FILES, Tokenizers, load_tokenizers
 from transformer_mt.errors import ConfigError, DataError
-from transformer_mt.files import copy_atomically, write_text_atomically
+from transformer_mt.files import copy_atomically, remove_partial_writes, write_text_atomically
 from transformer_mt.run_lock import RunLock
 
 
@@ -63,6 +63,14 @@ class RunDir:
     def written_by_training(self, name: str) -> bool:
         """Whether tmt-train writes the file `name` of the folder's top level."""
         return name in (self.CONFIG, self.PREPARED, *TOKENIZER_FILES)
+
+    def remove_partial_training_writes(self) -> list[Path]:
+        """Delete what an interrupted write of tmt-train left (checkpoints and the folder's own
+        files); only tmt-train's: tmt-eval or tmt-average may be writing the rest now."""
+        stale = self.checkpoints.remove_partial_writes()
+        if self.path.is_dir():
+            stale += remove_partial_writes(self.path, self.written_by_training)
+        return stale
 
     def lock(self) -> RunLock:
         """The exclusive lock of a command that writes the folder (RunFolderInUse if held)."""

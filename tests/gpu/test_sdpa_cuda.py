@@ -1,8 +1,9 @@
-"""Attention as the model calls it, on the kernel torch picks by default against the explicit
-math kernel (SDPBackend.MATH): forward and backward through our SelfAttention and CrossAttention
-with their masks (a boolean keep mask on the keys for the encoder and cross attention,
-is_causal for the decoder's self-attention), in fp32 and under bf16 autocast, at lengths where
-cuDNN's 128-wide key tiles end half full (64, 192) and where they do not (30, 200).
+"""Attention as the model calls it, on the kernels our execution policy orders ([auto]: flash,
+efficient, math on CUDA) and on the one torch picks by default ([default]), each against the
+explicit math kernel (SDPBackend.MATH): forward and backward through our SelfAttention and
+CrossAttention with their masks (a boolean keep mask on the keys for the encoder and cross
+attention, is_causal for the decoder's self-attention), in fp32 and under bf16 autocast, at
+lengths where cuDNN's 128-wide key tiles end half full (64, 192) and where they do not (30, 200).
 
 Which kernel "default" is: on H100/H200 with torch >= 2.9, cuDNN attention for bf16 (it and
 flash take no fp32, for which the memory-efficient kernel runs); on the CPU (the check's
@@ -11,12 +12,11 @@ rehearsal, GPU_CHECK_REHEARSAL=1) the CPU flash kernel.
 pytorch#196678 (torch 2.11 to 2.13 on H100/H200): cuDNN's backward returns NaN grad_q when an
 explicit attn_mask is passed, the key length % 128 == 64, and a query row's logsumexp is below
 ln(FLT_MAX) = -88.7. The last test builds such rows. Where its default case fails, train with
-trainer.sdpa_backends=[flash,efficient,math] (README), the list its other case checks.
+trainer.sdpa_backends=[auto] (ours, the default), the list its other case checks.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import pytest
@@ -24,15 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer_mt.config import SdpaBackend
-from transformer_mt.device import attention_kernels
+from transformer_mt.config import Precision, SdpaBackend, TrainerConfig
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import CrossAttention, SelfAttention
 
 pytestmark = pytest.mark.gpu
 LENGTHS = [30, 64, 192, 200]
 D_MODEL, HEADS = 256, 4  # head dimension 64, the base and big models' (512 / 8, 1024 / 16)
 MATH = [SdpaBackend.math]
-WITHOUT_CUDNN = [SdpaBackend.flash, SdpaBackend.efficient, SdpaBackend.math]
+OURS = [SdpaBackend.auto]  # flash, efficient, math on CUDA (transformer_mt/execution.py)
 
 # Relative error ||x - reference|| / ||reference|| allowed between two kernels, from the
 # arithmetic. fp32: a sum of n products carries at most n u of relative error (u = 2^-24); the
@@ -56,17 +56,18 @@ def relative_error(x: Tensor, reference: Tensor) -> float:
     return ((x.float() - reference.float()).norm() / reference.float().norm()).item()
 
 
+def policy(kernels: list[SdpaBackend], device: torch.device, precision: str = "fp32"):
+    """The training step's execution policy with these attention kernels and precision."""
+    settings = TrainerConfig(sdpa_backends=kernels, precision=Precision(precision), compile="false")
+    return ExecutionPolicy.for_training(settings, device)
+
+
 def forward_backward(module: torch.nn.Module, call, inputs: list[Tensor], kernels, precision):
     """`call(*inputs)` under `kernels` (and bf16 autocast), backward of a fixed random
     projection of its output: the output and the gradients of the inputs and parameters."""
     inputs = [t.detach().clone().requires_grad_() for t in inputs]
     module.zero_grad(set_to_none=True)
-    autocast = (
-        torch.autocast(inputs[0].device.type, dtype=torch.bfloat16)
-        if precision == "bf16"
-        else contextlib.nullcontext()
-    )
-    with attention_kernels(kernels), autocast:
+    with policy(kernels, inputs[0].device, precision).forward():
         output = call(*inputs)
     upstream = torch.randn(output.shape, generator=torch.Generator().manual_seed(7))
     (output.float() * upstream.to(output.device)).sum().backward()
@@ -77,13 +78,15 @@ def forward_backward(module: torch.nn.Module, call, inputs: list[Tensor], kernel
 
 
 def assert_default_matches_math(module, call, inputs, precision: str) -> None:
-    default = forward_backward(module, call, inputs, [SdpaBackend.default], precision)
+    """Ours ([auto]) and torch's default each match the math kernel."""
     reference = forward_backward(module, call, inputs, MATH, precision)
-    errors = {name: relative_error(default[name], reference[name]) for name in reference}
-    nonfinite = [name for name, value in default.items() if not torch.isfinite(value).all()]
-    assert not nonfinite, f"non-finite with the default SDPA kernel: {nonfinite}"
-    worst = max(errors, key=errors.get)
-    assert errors[worst] <= TOLERANCE[precision], (worst, errors)
+    for kernels in (OURS, [SdpaBackend.default]):
+        got = forward_backward(module, call, inputs, kernels, precision)
+        errors = {name: relative_error(got[name], reference[name]) for name in reference}
+        nonfinite = [name for name, value in got.items() if not torch.isfinite(value).all()]
+        assert not nonfinite, f"non-finite with SDPA kernels {kernels}: {nonfinite}"
+        worst = max(errors, key=errors.get)
+        assert errors[worst] <= TOLERANCE[precision], (kernels, worst, errors)
 
 
 @pytest.fixture
@@ -138,8 +141,8 @@ def test_cross_attention_with_the_source_keep_mask_matches_math(
 
 @pytest.mark.parametrize(
     "kernels",
-    [[SdpaBackend.default], WITHOUT_CUDNN],
-    ids=["default", "flash,efficient,math"],
+    [[SdpaBackend.default], OURS],
+    ids=["default", "auto"],
 )
 @pytest.mark.parametrize("length", LENGTHS)
 def test_backward_stays_finite_when_a_rows_logits_are_all_below_minus_88(device, length, kernels):
@@ -159,7 +162,7 @@ def test_backward_stays_finite_when_a_rows_logits_are_all_below_minus_88(device,
 
     def run(dtype: torch.dtype, chosen: list[SdpaBackend]) -> dict[str, Tensor]:
         leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
-        with attention_kernels(chosen):
+        with policy(chosen, device).forward():
             output = F.scaled_dot_product_attention(*leaves, attn_mask=mask)
         (output.float() * upstream).sum().backward()
         grads = {f"grad_{name}": t.grad.float() for name, t in zip("qkv", leaves, strict=True)}
@@ -170,7 +173,7 @@ def test_backward_stays_finite_when_a_rows_logits_are_all_below_minus_88(device,
     assert not any(nonfinite.values()), (
         f"non-finite values {nonfinite} with sdpa_backends={[b.value for b in kernels]} at "
         f"length {length} (pytorch#196678 where the default is cuDNN's: train with "
-        "trainer.sdpa_backends=[flash,efficient,math])"
+        "trainer.sdpa_backends=[auto])"
     )
     for name in ("output", "grad_v"):
         error = relative_error(got[name], reference[name])

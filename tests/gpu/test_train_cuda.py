@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
+from toy_runs import trainer_for
 
 from transformer_mt.commands.train import train
 from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import Batch, collate, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.run_dir import RunDir
 from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.loss import TrainingLoss
 from transformer_mt.train.trainer import Trainer
@@ -67,7 +67,7 @@ def test_fused_adam_skips_an_inf_gradient_on_the_device_without_a_host_sync(
     job = tiny_train_job(*ON_CUDA)
     data = prepare(job.data)
     torch.manual_seed(job.trainer.seed)
-    trainer = Trainer(job, RunDir(job.run_dir), data, CUDA)
+    trainer = trainer_for(job, data, CUDA)
     batches = first_batches(job, data, 3)
     trainer.train_step([batches[0]])  # Adam's state exists from here on
     before = cloned_state(trainer)
@@ -149,7 +149,7 @@ class OneRankWorld(Ranks):
 
 def trained_state(job: TrainJob, data: PreparedData, ranks: Ranks, updates) -> dict:
     torch.manual_seed(job.trainer.seed)  # the same initial parameters and dropout masks
-    trainer = Trainer(job, RunDir(job.run_dir), data, CUDA, ranks)
+    trainer = trainer_for(job, data, CUDA, ranks)
     assert isinstance(trainer.train_model, DistributedDataParallel) == ranks.distributed
     for batches in updates:
         trainer.train_step(batches)

@@ -10,12 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.config import ModelConfig
+from transformer_mt import execution
+from transformer_mt.commands.train import train
+from transformer_mt.config import ModelConfig, compile_setting
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.errors import ConfigError
+from transformer_mt.execution import should_compile
 from transformer_mt.model import Transformer
+from transformer_mt.run_dir import RunDir
 from transformer_mt.train import compiling
-from transformer_mt.train.compiling import CompileCounts, compile_setting, should_compile
+from transformer_mt.train.compiling import CompileCounts
 from transformer_mt.train.loss import TrainingLoss
 
 CPU = torch.device("cpu")
@@ -41,6 +45,21 @@ def test_a_bad_compile_setting_names_the_key():
         compile_setting("yes")
 
 
+def test_a_bad_compile_setting_is_refused_before_anything_is_written(tiny_train_job, tmp_path):
+    """A new run: no run folder and no prepared data; a run that exists: byte for byte."""
+    job = tiny_train_job("trainer.compile=maybe")
+    with pytest.raises(ConfigError, match="trainer.compile"):
+        train(job)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "prepared").exists()
+    run = RunDir(job.run_dir)
+    run.write_config(tiny_train_job())
+    run.append_history({"event": "start", "kind": "new", "step": 0})
+    before = {path: path.read_bytes() for path in run.path.rglob("*")}
+    with pytest.raises(ConfigError, match="trainer.compile"):
+        train(job)
+    assert {path: path.read_bytes() for path in run.path.rglob("*")} == before
+
+
 def test_auto_leaves_compile_off_on_the_cpu_and_says_why(caplog):
     with caplog.at_level(logging.INFO):
         assert should_compile("auto", CPU) is False
@@ -48,7 +67,7 @@ def test_auto_leaves_compile_off_on_the_cpu_and_says_why(caplog):
 
 
 def test_without_a_compiler_training_is_eager_with_one_line(monkeypatch, caplog):
-    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    monkeypatch.setattr(execution.shutil, "which", lambda name: None)
     with caplog.at_level(logging.INFO):
         assert should_compile("true", CPU) is False
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -57,7 +76,7 @@ def test_without_a_compiler_training_is_eager_with_one_line(monkeypatch, caplog)
 
 
 def test_without_python_headers_training_is_eager(monkeypatch, tmp_path, caplog):
-    monkeypatch.setattr(compiling.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
+    monkeypatch.setattr(execution.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
     with caplog.at_level(logging.WARNING):
         assert should_compile("true", CPU) is False
     assert "Python headers" in caplog.text and "python3-dev" in caplog.text

@@ -15,10 +15,10 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from toy_runs import trainer_for
 
 from transformer_mt.data.prepare import prepare
 from transformer_mt.device import ALLOCATOR_SETTINGS
-from transformer_mt.run_dir import RunDir
 from transformer_mt.train import distributed
 from transformer_mt.train.distributed import Ranks, start_ranks
 from transformer_mt.train.trainer import Trainer
@@ -110,8 +110,8 @@ def one_rank_group(tmp_path):
 
 def built_trainer(job, data, ranks: Ranks | None = None) -> Trainer:
     torch.manual_seed(job.trainer.seed)  # the same initial parameters
-    trainer = Trainer(job, RunDir(job.run_dir), data, torch.device("cpu"), ranks)
-    trainer.writer.close()
+    trainer = trainer_for(job, data, ranks=ranks)
+    trainer.metrics.close()
     return trainer
 
 

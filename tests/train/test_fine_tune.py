@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-from toy_runs import LEARNING, split_bleu, write_toy_files
+from toy_runs import LEARNING, split_bleu, trainer_for, write_toy_files
 
 from transformer_mt.checkpoint import model_from_checkpoint
 from transformer_mt.commands.train import train
@@ -22,7 +22,6 @@ from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.loss import label_smoothed_loss
-from transformer_mt.train.trainer import Trainer
 
 QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0"]
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
@@ -78,8 +77,8 @@ def test_fine_tuning_starts_from_the_parent_and_beats_it_and_a_model_from_scratc
     # Its first logged loss is the parent model's loss on the first update's batch of new data.
     data = open_prepared(prepared_folder(child_job.data))
     probe_job = dataclasses.replace(child_job, run_dir=str(tmp_path / "probe"))
-    probe = Trainer(probe_job, RunDir(probe_job.run_dir), data, torch.device("cpu"))
-    probe.writer.close()
+    probe = trainer_for(probe_job, data)
+    probe.metrics.close()
     planned = itertools.islice(probe.micro_batches(), probe.plan.accumulation)
     batches = [batch for batch, _ in planned]  # (batch, all ranks' tokens at its place)
     parent_state = torch.load(parent_last, weights_only=True)

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from toy_runs import trainer_for
 
-from transformer_mt.data.prepare import prepare
-from transformer_mt.run_dir import RunDir
 from transformer_mt.train.signals import STOP_SIGNALS
-from transformer_mt.train.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux's")
 
@@ -40,8 +38,8 @@ def ignores(pid: int, sig: int) -> bool:
 
 def test_a_worker_is_not_a_fork_of_the_trainer_and_collates_the_same_batches(tiny_train_job):
     job = tiny_train_job("trainer.loader_workers=1")
-    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
-    trainer.writer.close()
+    trainer = trainer_for(job)
+    trainer.metrics.close()
     loader = trainer.epoch_loader()
     assert loader.multiprocessing_context.get_start_method() == "forkserver"
     batches = iter(loader)

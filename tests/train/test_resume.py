@@ -7,15 +7,13 @@ import logging
 
 import pytest
 import torch
+from toy_runs import trainer_for
 
 from transformer_mt.checkpoint import format as checkpoint_module  # the module that saves
 from transformer_mt.commands.train import train
-from transformer_mt.data.prepare import prepare
 from transformer_mt.errors import CheckpointError, ConfigError
-from transformer_mt.run_dir import RunDir
 from transformer_mt.train.loss import TrainingLoss
 from transformer_mt.train.schedule import inverse_sqrt_lr
-from transformer_mt.train.trainer import Trainer
 
 QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.log_every=1"]
 
@@ -203,15 +201,15 @@ def set_scale(scaler: torch.amp.GradScaler, scale: float) -> None:
 def test_fp16_skips_while_the_scale_calibrates_and_stops_only_when_it_collapses(tiny_train_job):
     # fp16 on a CPU is slow: the rule is checked on a Trainer's scaler directly.
     job = tiny_train_job("trainer.precision=fp16", "trainer.max_nonfinite_updates=10")
-    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
-    trainer.writer.close()
+    trainer = trainer_for(job)
+    trainer.metrics.close()
     assert trainer.scaler.is_enabled()
     set_scale(trainer.scaler, 16.0)  # where 12 overflows in a row take 65536
     assert trainer.nonfinite_stop(in_a_row=12) is None
     set_scale(trainer.scaler, 6.1e-5)
     assert "the fp16 loss scale fell to 6.1e-05" in trainer.nonfinite_stop(in_a_row=30)
     fp32 = tiny_train_job("trainer.max_nonfinite_updates=10")
-    trainer = Trainer(fp32, RunDir(fp32.run_dir), prepare(fp32.data), torch.device("cpu"))
-    trainer.writer.close()
+    trainer = trainer_for(fp32)
+    trainer.metrics.close()
     assert trainer.nonfinite_stop(in_a_row=9) is None
     assert "10 updates in a row" in trainer.nonfinite_stop(in_a_row=10)

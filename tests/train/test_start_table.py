@@ -17,9 +17,11 @@ from omegaconf import OmegaConf
 
 from transformer_mt.checkpoint import save_checkpoint
 from transformer_mt.config import TrainJob, config_dict
+from transformer_mt.data.tokenizer import SHARED_FILE, train_tokenizer
+from transformer_mt.data.toy import toy_pairs
 from transformer_mt.errors import CheckpointError, ConfigError, DataError
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train.start import StartKind, plan_start
+from transformer_mt.train.start import StartKind, plan_start, use_parent_tokenizer
 
 PREPARED = "toy-aaaa"  # the prepared folder's name this configuration would build
 OTHER_DATA = "toy-bbbb"
@@ -160,13 +162,29 @@ def checkpoint_on_other_data(folders: Folders) -> None:
     folders.checkpoint("run/checkpoints/step_200.pt", 200, data_folder=OTHER_DATA)
 
 
+def parent_tokenizer(folders: Folders) -> None:
+    """The parent run's SentencePiece model, of the job's vocabulary size (fine-tuning encodes
+    with it: use_parent_tokenizer)."""
+    sentences = [s for pair in toy_pairs(400, seed=3) for s in pair]
+    size = folders.job().data.vocab_size
+    (folders.root / "parent").mkdir(parents=True, exist_ok=True)
+    train_tokenizer(sentences, folders.root / "parent" / SHARED_FILE, vocab_size=size)
+
+
 def parent_run(folders: Folders) -> None:
+    parent_tokenizer(folders)
     folders.checkpoint("parent/checkpoints/step_300.pt", 300)
     folders.checkpoint("parent/checkpoints/last.pt", 300)
 
 
 def parent_of_another_shape(folders: Folders) -> None:
+    parent_tokenizer(folders)
     folders.checkpoint("parent/checkpoints/last.pt", 300, "model.d_model=128", "model.d_ff=256")
+
+
+def parent_of_another_vocabulary(folders: Folders) -> None:
+    parent_tokenizer(folders)
+    folders.checkpoint("parent/checkpoints/last.pt", 300, vocab_size=500)
 
 
 def trained_and_averaged(folders: Folders) -> None:
@@ -183,6 +201,7 @@ def trained_and_averaged(folders: Folders) -> None:
 
 
 def parent_without_last(folders: Folders) -> None:
+    parent_tokenizer(folders)
     folders.checkpoint("parent/checkpoints/step_300.pt", 300)
 
 
@@ -359,6 +378,12 @@ ROWS = [
         id="refused: fine-tuning from a parent of another model shape, before any write",
     ),
     pytest.param(
+        parent_of_another_vocabulary,
+        ["trainer.init_from={root}/parent"],
+        Refused(CheckpointError, ("embedding has 500 target pieces", "has 400", "spm_model")),
+        id="refused: fine-tuning from a parent whose embedding is not its tokenizer's size",
+    ),
+    pytest.param(
         trained_and_averaged,
         ["trainer.resume_from={root}/run/checkpoints/averaged.pt"],
         Refused(CheckpointError, ("averaged.pt", "no optimizer state", "trainer.init_from")),
@@ -396,6 +421,10 @@ def test_plan_start(folder, overrides, expected, tiny_train_job, tmp_path):
     folders = Folders(tmp_path, tiny_train_job())
     folder(folders)
     cfg = folders.job(*(override.format(root=tmp_path) for override in overrides))
+    if not folders.run.checkpoints.checkpoint_files():
+        # A first start with trainer.init_from: commands/train.py makes the parent's tokenizer
+        # data.spm_model before planning (use_parent_tokenizer), and fine-tuning checks it.
+        use_parent_tokenizer(cfg)
     prepared = tmp_path / "prepared" / PREPARED
     if isinstance(expected, Refused):
         with pytest.raises(expected.error) as refusal:

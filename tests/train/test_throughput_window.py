@@ -4,8 +4,10 @@ validating and checkpointing in its window is left out."""
 from __future__ import annotations
 
 from transformer_mt.commands.train import train
+from transformer_mt.train import checkpointer as checkpointer_module
 from transformer_mt.train import monitor
 from transformer_mt.train import trainer as trainer_module
+from transformer_mt.train.checkpointer import Checkpointer
 from transformer_mt.train.monitor import WindowStats
 from transformer_mt.train.trainer import Trainer
 
@@ -29,7 +31,8 @@ def test_validation_and_checkpoints_do_not_lower_the_throughput_of_their_window(
     clock = FakeClock()
     monkeypatch.setattr(trainer_module, "time", clock)
     monkeypatch.setattr(monitor, "time", clock)
-    train_step, validate, save = Trainer.train_step, Trainer.validate_and_judge, Trainer.save
+    monkeypatch.setattr(checkpointer_module, "time", clock)
+    train_step, validate, save = Trainer.train_step, Trainer.validate_and_judge, Checkpointer.save
 
     def one_second_update(self, *args):
         stats = train_step(self, *args)
@@ -41,14 +44,14 @@ def test_validation_and_checkpoints_do_not_lower_the_throughput_of_their_window(
         clock.now += 50.0
         return judged
 
-    def slow_save(self, **kwargs):
-        path = save(self, **kwargs)
+    def slow_save(self, *args, **kwargs):
+        path = save(self, *args, **kwargs)
         clock.now += 100.0
         return path
 
     monkeypatch.setattr(Trainer, "train_step", one_second_update)
     monkeypatch.setattr(Trainer, "validate_and_judge", slow_validation)
-    monkeypatch.setattr(Trainer, "save", slow_save)
+    monkeypatch.setattr(Checkpointer, "save", slow_save)
     windows = []
     window_stats = WindowStats.of
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
+from toy_runs import trainer_for
 
 from transformer_mt.data.batching import epoch_batches, target_tokens_by_turn, token_batches
-from transformer_mt.data.prepare import prepare
-from transformer_mt.run_dir import RunDir
-from transformer_mt.train.trainer import Trainer
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
@@ -34,8 +31,8 @@ def test_the_epochs_batches_give_the_target_tokens_of_every_ranks_batch_at_each_
 
 def test_the_stream_gives_each_batch_the_tokens_it_holds_on_one_rank(tiny_train_job):
     job = tiny_train_job("trainer.batch_tokens=600", "trainer.valid_bleu_sentences=0")
-    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
-    trainer.writer.close()
+    trainer = trainer_for(job)
+    trainer.metrics.close()
     stream, seen, first_epoch = trainer.micro_batches(), 0, 0
     for batch, tokens in stream:  # across an epoch's end, into the next
         assert tokens == batch.n_tgt_tokens

@@ -1,7 +1,8 @@
 """The checkpoint, in one place: its format (`format`: one dict of plain values and tensors,
 written atomically, read with weights_only=True), its record (`record`: what the checkpoint's
-model is and what it was trained on, and the one check of whether it fits a run), the folder of
-a run's checkpoints (`folder`: the only module that names its files) and averaging."""
+model is and what it was trained on, and the one check of whether it fits, for a purpose), the
+training state it carries (`training_state`: progress, optimizer, schedule, scaler, RNG), the
+folder of a run's checkpoints (`folder`: the only module that names its files) and averaging."""
 
 from transformer_mt.checkpoint.average import average_checkpoints, check_compatible
 from transformer_mt.checkpoint.folder import (
@@ -15,19 +16,29 @@ from transformer_mt.checkpoint.folder import (
 from transformer_mt.checkpoint.format import FORMAT, load_checkpoint, save_checkpoint
 from transformer_mt.checkpoint.record import (
     SHAPE_KEYS,
+    Checkpoint,
     CheckpointRecord,
     Mismatch,
+    Purpose,
+    check_fits,
     model_from_checkpoint,
 )
+from transformer_mt.checkpoint.training_state import Progress, RngStates, TrainingState
 
 __all__ = [
     "FORMAT",
     "SHAPE_KEYS",
+    "Checkpoint",
     "CheckpointFolder",
     "CheckpointRecord",
     "Mismatch",
+    "Progress",
+    "Purpose",
+    "RngStates",
+    "TrainingState",
     "average_checkpoints",
     "check_compatible",
+    "check_fits",
     "is_training_checkpoint",
     "load_checkpoint",
     "load_newest_readable",

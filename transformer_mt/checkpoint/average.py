@@ -3,20 +3,30 @@ mean of each parameter, refused for checkpoints of different models or data."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from transformer_mt.checkpoint.format import FORMAT, load_checkpoint
-from transformer_mt.checkpoint.record import CheckpointRecord
+from transformer_mt.checkpoint.record import (
+    CheckpointRecord,
+    Purpose,
+    averaging_refusal,
+    check_fits,
+)
+from transformer_mt.checkpoint.training_state import model_weights
 from transformer_mt.errors import CheckpointError
 
 
-def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
+def average_checkpoints(
+    paths: list[Path], *, chosen_on_valid: dict | None = None
+) -> dict[str, Any]:
     """The mean of the models in `paths` (accumulated in float64, cast back to each tensor's
     dtype), with the first checkpoint's configuration and the newest step; no optimizer,
-    schedule or RNG state, since the result is for decoding, not for resuming training."""
+    schedule or RNG state, since the result is for decoding, not for resuming training.
+    chosen_on_valid: how tmt-average last=auto chose the paths, recorded as `average_auto`."""
     if not paths:
         raise CheckpointError("no checkpoints to average")
     first_path = Path(paths[0])
@@ -24,31 +34,31 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     first_record = CheckpointRecord.read(first, first_path)
     sums = {
         name: tensor.to(torch.float64) if tensor.is_floating_point() else tensor
-        for name, tensor in first["model"].items()
+        for name, tensor in model_weights(first).items()
     }
-    newest_step = int(first["step"])
+    newest_step = first_record.step
     for path in map(Path, paths[1:]):
         state = load_checkpoint(path)
         check_compatible(first, first_path, state, path, first_record)
-        for name, tensor in state["model"].items():
+        for name, tensor in model_weights(state).items():
             if tensor.is_floating_point():
                 sums[name] += tensor.to(torch.float64)
-        newest_step = max(newest_step, int(state["step"]))
+        newest_step = max(newest_step, CheckpointRecord.read(state, path).step)
         del state  # one checkpoint in memory at a time, besides the first and the sums
     model = {
-        name: (total / len(paths)).to(first["model"][name].dtype)
+        name: (total / len(paths)).to(model_weights(first)[name].dtype)
         if total.is_floating_point()
         else total
         for name, total in sums.items()
     }
-    described = first_record.as_state()
-    del described["progress"]  # an average is for decoding: it has no training progress
+    # An average is for decoding: it has no training progress.
+    described = dataclasses.replace(first_record, step=newest_step, progress=None).as_state()
     return {
         "format": FORMAT,
         "model": model,
         **described,
-        "step": newest_step,
         "averaged_from": [Path(path).name for path in paths],
+        **({} if chosen_on_valid is None else {"average_auto": chosen_on_valid}),
     }
 
 
@@ -59,17 +69,11 @@ def check_compatible(
     differs from `reference` (whose record is `record`): their mean would be no model."""
 
     def differ(key: str, ours: Any, theirs: Any) -> CheckpointError:
-        return CheckpointError(
-            f"{reference_path} and {path} cannot be averaged: {key} differs ({ours} vs {theirs})"
-        )
+        return CheckpointError(averaging_refusal(str(reference_path), path, key, ours, theirs))
 
-    mismatch = record.first_mismatch(
-        CheckpointRecord.read(state, path), ["model", "vocabulary", "data"]
-    )
-    if mismatch is not None:
-        prefix = "model_config." if mismatch.aspect == "model" else ""
-        raise differ(f"{prefix}{mismatch.setting}", mismatch.ours, mismatch.theirs)
-    ours, theirs = reference["model"], state["model"]
+    theirs_record = CheckpointRecord.read(state, path)
+    check_fits(Purpose.average, record, theirs_record, path, ours_from=str(reference_path))
+    ours, theirs = model_weights(reference), model_weights(state)
     for name in sorted(ours.keys() | theirs.keys()):
         if name not in ours or name not in theirs:
             presence = ["present" if name in model else "absent" for model in (ours, theirs)]

@@ -1,18 +1,22 @@
 """What a checkpoint says about itself, as one typed record: the model's configuration, its
 vocabulary, the prepared data it was trained on, the update and the training progress; and the
-one comparison that decides whether a checkpoint fits a run (resume, fine-tune, averaging, eval,
-export all ask it)."""
+one check that decides whether a checkpoint fits, `check_fits`, asked for a purpose (resume,
+fine-tune, average, decode: eval, translate, export, serve), with the one builder of its refusal.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+from torch import Tensor
 
+from transformer_mt.checkpoint.training_state import Progress, TrainingState, model_weights
 from transformer_mt.config import ModelConfig, config_dict
 from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
 from transformer_mt.errors import CheckpointError
@@ -57,8 +61,8 @@ class CheckpointRecord:
     """The name of the prepared folder the weights were trained on."""
     step: int = 0
     """The update the checkpoint was written at."""
-    progress: dict = field(default_factory=dict)
-    """The trainer's progress (train/run_state.Progress as plain values; empty for averages)."""
+    progress: Progress | None = None
+    """Where training stood (None: an average, or a run not yet saved)."""
 
     @classmethod
     def of_run(
@@ -89,7 +93,7 @@ class CheckpointRecord:
             src_vocab_size=state.get("src_vocab_size"),
             data_folder=state.get("data_folder"),
             step=int(state["step"]),
-            progress=dict(state.get("progress") or {}),
+            progress=Progress.from_state(state["progress"]) if state.get("progress") else None,
         )
 
     def as_state(self) -> dict:
@@ -100,11 +104,14 @@ class CheckpointRecord:
             "src_vocab_size": self.src_vocab_size,
             "data_folder": self.data_folder,
             "step": self.step,
-            "progress": dict(self.progress),
+            **({} if self.progress is None else {"progress": self.progress.as_state()}),
         }
 
-    def with_progress(self, step: int, progress: dict) -> CheckpointRecord:
-        return dataclasses.replace(self, step=step, progress=dict(progress))
+    def with_progress(self, progress: Progress) -> CheckpointRecord:
+        """This record at `progress` (a copy of it: the trainer goes on moving its own)."""
+        return dataclasses.replace(
+            self, step=progress.step, progress=Progress.from_state(progress.as_state())
+        )
 
     def build_model(self) -> Transformer:
         """A freshly initialised Transformer of this record's shape and vocabulary."""
@@ -143,18 +150,122 @@ class CheckpointRecord:
         return f"{shared}, {self.vocab_size} target pieces"
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A loaded checkpoint: its file, its record and what it holds (format.load_checkpoint's
+    dict, read through the record and training_state.TrainingState)."""
+
+    path: Path
+    record: CheckpointRecord
+    state: dict
+
+    @classmethod
+    def of(cls, state: dict, path: Path) -> Checkpoint:
+        return cls(path, CheckpointRecord.read(state, path), state)
+
+    def training_state(self) -> TrainingState:
+        """What a run continues from; CheckpointError when the checkpoint has none (an average)."""
+        return TrainingState.read(self.state, self.path)
+
+    def weights(self) -> dict[str, Tensor]:
+        return model_weights(self.state)
+
+
+class Purpose(str, Enum):
+    """What a checkpoint is checked for (`check_fits`), which says what must agree."""
+
+    resume = "resume"
+    fine_tune = "fine-tune"
+    average = "average"
+    decode = "decode"
+
+
+ASPECTS = {
+    # The vocabulary follows from the data: a prepared folder is named by the hash of everything
+    # that made it, its tokenizer included (data/prepare.py).
+    Purpose.resume: ("data", "shape"),
+    Purpose.fine_tune: ("shape", "vocabulary"),
+    Purpose.average: ("model", "vocabulary", "data"),
+    Purpose.decode: ("vocabulary",),
+}
+
+
+def check_fits(
+    purpose: Purpose,
+    ours: CheckpointRecord,
+    theirs: CheckpointRecord,
+    path: Path,
+    *,
+    ours_from: str = "this configuration",
+) -> None:
+    """CheckpointError unless the checkpoint at `path`, whose record is `theirs`, fits `ours`
+    for `purpose` (ASPECTS says what must agree). ours_from: where our record comes from, as the
+    refusal names it (the configuration, the run's tokenizer files, the first checkpoint)."""
+    mismatch = ours.first_mismatch(theirs, ASPECTS[purpose])
+    if mismatch is not None:
+        raise CheckpointError(refusal(purpose, mismatch, ours, theirs, path, ours_from))
+
+
+def refusal(
+    purpose: Purpose,
+    mismatch: Mismatch,
+    ours: CheckpointRecord,
+    theirs: CheckpointRecord,
+    path: Path,
+    ours_from: str,
+) -> str:
+    """The one message of a checkpoint that does not fit: what differs, and what to do."""
+    if purpose == Purpose.average:
+        prefix = "model_config." if mismatch.aspect == "model" else ""
+        setting = f"{prefix}{mismatch.setting}"
+        return averaging_refusal(ours_from, path, setting, mismatch.ours, mismatch.theirs)
+    if mismatch.aspect == "data":
+        return (
+            f"{path} was trained on prepared data {mismatch.theirs}, but {ours_from} prepares "
+            f"{mismatch.ours} (a data or tokenizer setting, or the corpus, changed): use a new "
+            "run_dir, restore the original settings, or fine-tune from this run on the new data "
+            "with trainer.init_from"
+        )
+    if mismatch.aspect == "model":
+        name = f"model.{mismatch.setting}"
+        return (
+            f"{path}: {name} is {mismatch.ours} in {ours_from} but {mismatch.theirs} in the "
+            f"checkpoint; use a new run_dir, or restore {name}={mismatch.theirs}"
+        )
+    if purpose == Purpose.fine_tune:
+        return (
+            f"{path}: the parent model's embedding has {pieces(theirs)}, but {ours_from} has "
+            f"{pieces(ours)}: fine-tuning needs the parent's own SentencePiece model (leave "
+            "data.spm_model unset and trainer.init_from supplies it)"
+        )
+    return (
+        f"{path}: the checkpoint's vocabulary ({theirs.describe_vocabulary()}) does not match "
+        f"{ours_from} ({ours.describe_vocabulary()})"
+    )
+
+
+def averaging_refusal(first: str, path: Path, key: str, ours: Any, theirs: Any) -> str:
+    """Why the checkpoint at `path` cannot be averaged with the first one: `key` (a setting, or a
+    tensor checkpoint/average.py compares) differs."""
+    return f"{first} and {path} cannot be averaged: {key} differs ({ours} vs {theirs})"
+
+
+def pieces(record: CheckpointRecord) -> str:
+    """'400 target pieces' (and the source's with separate vocabularies)."""
+    source = "" if record.src_vocab_size is None else f" and {record.src_vocab_size} source pieces"
+    return f"{record.vocab_size} target pieces{source}"
+
+
 def model_from_checkpoint(state: dict, path: Path, tokenizers: Tokenizers) -> Transformer:
     """The checkpoint's model, checked against the run folder's tokenizers."""
     record = CheckpointRecord.read(state, path)
     beside = CheckpointRecord.of_run(record.model, tokenizers)
-    if record.first_mismatch(beside, ["vocabulary"]) is not None:
-        raise CheckpointError(
-            f"{path}: the checkpoint's vocabulary ({record.describe_vocabulary()}) does not "
-            f"match the tokenizer files in its run folder ({beside.describe_vocabulary()})"
-        )
+    check_fits(
+        Purpose.decode, beside, record, path, ours_from="the tokenizer files in its run folder"
+    )
     model = record.build_model()
     try:
-        model.load_state_dict(state["model"])
+        model.load_state_dict(model_weights(state))
     except RuntimeError as error:
         raise CheckpointError(
             f"{path}: weights do not fit the recorded model configuration ({error})"

@@ -71,6 +71,6 @@ def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dic
 
     choice = choose_on_valid("last", average_grid(len(newest)), translate, references)
     chosen = newest[-choice.chosen :]
-    state = average_checkpoints(chosen)  # again: one candidate in memory at a time
-    state["average_auto"] = {**choice.to_json(), "decode": config_dict(job.decode)}
-    return chosen, state
+    # Again: one candidate in memory at a time.
+    recorded = {**choice.to_json(), "decode": config_dict(job.decode)}
+    return chosen, average_checkpoints(chosen, chosen_on_valid=recorded)

@@ -52,11 +52,11 @@ def export(job: ExportJob) -> Path:
 
 def model_card(run: RunDir, loaded: LoadedCheckpoint) -> transformers_export.ModelCard:
     """What the run folder says about the checkpoint it loaded."""
-    scores = run.scores_file("test")
+    scores, progress = run.scores_file("test"), loaded.record.progress
     return transformers_export.ModelCard(
         checkpoint=str(loaded.path),
         step=loaded.step,
-        train_seconds=loaded.record.progress.get("train_seconds"),
+        train_seconds=None if progress is None else progress.train_seconds,
         corpus=corpus_identity(loaded.data),
         data=config_dict(loaded.data),
         test_scores=json.loads(scores.read_text(encoding="utf-8")) if scores.is_file() else None,

@@ -23,8 +23,9 @@ from transformer_mt.data.prepare import (
     wait_until_prepared,
 )
 from transformer_mt.decode.translator import Translator
-from transformer_mt.device import autocast_for, keep_freed_host_memory
+from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.errors import ConfigError, TransformerMTError
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.run_dir import RunDir
@@ -45,8 +46,9 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
         keep_freed_host_memory()  # +16% target tokens/s on Multi30k with 2 cores
     run = RunDir(cfg.run_dir)
     try:
+        policy = ExecutionPolicy.for_training(cfg.trainer, device)  # before any write
         with run.lock() if ranks.is_main else contextlib.nullcontext():
-            last = train_ranks(cfg, run, ranks, device, overrides or [])
+            last = train_ranks(cfg, run, ranks, policy, overrides or [])
         # Leave together: a rank that tears its connections down while another is still in its
         # last collectives (rank 0 validates and saves last) can abort that rank at exit.
         ranks.barrier()
@@ -56,7 +58,7 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
 
 
 def train_ranks(
-    cfg: TrainJob, run: RunDir, ranks: Ranks, device: torch.device, overrides: list[str]
+    cfg: TrainJob, run: RunDir, ranks: Ranks, policy: ExecutionPolicy, overrides: list[str]
 ) -> Path:
     # Absolute paths, so that eval and translate find the corpus from any working directory.
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
@@ -67,7 +69,7 @@ def train_ranks(
     start = agreed_start(cfg, run, ranks)
     if not ranks.is_main:
         logging.getLogger("transformer_mt").setLevel(logging.WARNING)
-        return train_started(cfg, run, start, ranks, device, overrides)
+        return train_started(cfg, run, start, ranks, policy, overrides)
     with log_to_file(run.path / run.LOG):
         for difference in start.changed:
             log.info("changed since the previous start: %s", difference)
@@ -76,7 +78,7 @@ def train_ranks(
                 "trainer.resume=force: this run continues with other training settings (%s)",
                 ", ".join(str(difference) for difference in start.forced),
             )
-        return train_started(cfg, run, start, ranks, device, overrides)
+        return train_started(cfg, run, start, ranks, policy, overrides)
 
 
 def agreed_start(cfg: TrainJob, run: RunDir, ranks: Ranks) -> Start:
@@ -115,10 +117,11 @@ def train_started(
     run: RunDir,
     start: Start,
     ranks: Ranks,
-    device: torch.device,
+    policy: ExecutionPolicy,
     overrides: list[str],
 ) -> Path:
     """Prepare (rank 0) or wait for the data, record the start, train, record the end."""
+    device = policy.device
     if ranks.is_main:
         data = run.prepare(cfg.data)
         run.write_config(cfg)
@@ -133,14 +136,14 @@ def train_started(
         if cfg.trainer.num_threads:
             torch.set_num_threads(cfg.trainer.num_threads)
         torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
-        trainer = Trainer(cfg, run, data, device, ranks, valid_bleu=valid_bleu(cfg, data, device))
+        trainer = Trainer(cfg, run, data, policy, ranks, valid_bleu=valid_bleu(cfg, data, device))
         if ranks.rank:
             torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
         log.info(
             "model: %s parameters (%s) on %s; %s",
             f"{count_parameters(trainer.model):,}",
             cfg.model.name,
-            device,
+            policy.describe(),
             trainer.plan.describe(),
         )
         trainer.begin(start)
@@ -173,9 +176,7 @@ def valid_bleu(
         translator = Translator.for_model(
             model, data.tokenizers, decode, device, unicode_form=cfg.data.unicode_form
         )
-        with autocast_for(device, cfg.trainer.precision):
-            hypotheses = translator.translate(sources)
-        return sacrebleu_scores(hypotheses, references).bleu
+        return sacrebleu_scores(translator.translate(sources), references).bleu
 
     return score
 

@@ -118,6 +118,12 @@ def given_tokenizer_files(cfg: DataConfig) -> list[Path]:
     return files
 
 
+def load_given_tokenizers(cfg: DataConfig) -> Tokenizers:
+    """data.spm_model's tokenizers, where they lie (before preparing copies them)."""
+    files = [Tokenizer(path) for path in given_tokenizer_files(cfg)]
+    return Tokenizers(files[0], files[-1])
+
+
 def prepared_folder(cfg: DataConfig) -> Path:
     return Path(cfg.prepared_dir) / f"{cfg.name}-{fingerprint(cfg)}"
 

@@ -6,9 +6,9 @@ may have a limit (CTranslate2's: its position table), to which sources are cut w
 The decode settings are an argument of each call (the Translator keeps defaults for calls that
 pass none), so one Translator serves requests with any settings, but decode.quantize, which is
 chosen when the model is loaded. The backend turns one batch of source piece ids into n-best
-lists: `ModelSearch` runs our model with decode/search.py and decode/sampling.py, in the call's
-decode.precision (`decoding_precision`), on the CPU with decode/cpu_linear.py's copies of it
-(oneDNN's prepacked float32 weights, decode.cpu_linear; int8, decode.quantize);
+lists: `ModelSearch` runs our model with decode/search.py and decode/sampling.py, as the call's
+execution policy says (execution.py: decode.precision, sdpa_backends, cpu_linear, quantize), on
+the CPU with decode/cpu_linear.py's copies of it (oneDNN's prepacked float32 weights; int8);
 `ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export.
 decode/loading.py builds a Translator from a run folder or an export.
 """
@@ -24,12 +24,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from transformer_mt import onednn
 from transformer_mt.config import (
-    CpuLinear,
     DecodeConfig,
     DecodePrecision,
-    Precision,
     Quantize,
     Strategy,
     validate_decode,
@@ -46,8 +43,8 @@ from transformer_mt.decode.search import (
     beam_search,
     greedy_search,
 )
-from transformer_mt.device import attention_kernels, autocast_dtype
 from transformer_mt.errors import ConfigError
+from transformer_mt.execution import CpuProducts, ExecutionPolicy
 from transformer_mt.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -94,13 +91,6 @@ class AttentionReader(Protocol):
         reading `target` for `source` (both without EOS): (len(target) + 1) rows of
         (len(source) + 1) weights, EOS last on both sides."""
         ...
-
-
-def decoding_precision(device: torch.device, precision: DecodePrecision) -> torch.autocast:
-    """decode.precision around a search: bf16 autocast (auto: on CUDA only), or autocast off, so
-    that fp32 is fp32 inside an enclosing autocast too (training's validation)."""
-    dtype = autocast_dtype(device, Precision(precision.value))
-    return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
 
 
 class ModelSearch:
@@ -160,24 +150,15 @@ class ModelSearch:
             "eos_id": EOS_ID,
             "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
         }
-        with (
-            decoding_precision(self.device, decode.precision),
-            attention_kernels(decode.sdpa_backends),
-        ):
+        with ExecutionPolicy.for_decoding(decode, self.device).forward():
             return self.strategy_search(self.searching(decode), src, decode, common)
 
     def searching(self, decode: DecodeConfig) -> Ensemble:
         """The members that run a call with these settings: copies with oneDNN's prepacked
-        weights for float32 on the CPU with decode.cpu_linear=onednn (where torch has oneDNN),
-        else the loaded ones (int8 copies with quantize=int8)."""
-        float32 = autocast_dtype(self.device, Precision(decode.precision.value)) is None
-        if not (
-            self.device.type == "cpu"
-            and float32
-            and self.quantize == Quantize.none
-            and decode.cpu_linear == CpuLinear.onednn
-            and onednn.available()
-        ):
+        weights where the call's execution policy multiplies by oneDNN (float32 on the CPU,
+        decode.cpu_linear=onednn), else the loaded ones (int8 copies with quantize=int8)."""
+        policy = ExecutionPolicy.for_decoding(decode, self.device)
+        if policy.cpu_products != CpuProducts.onednn or self.quantize == Quantize.int8:
             return self.ensemble
         if self.onednn_ensemble is None:
             self.onednn_ensemble = Ensemble(

@@ -1,83 +1,20 @@
-"""trainer.compile: whether the model and its loss go through torch.compile, and what the compiler
-did (graphs compiled, recompiles) for the log and TensorBoard.
-
-auto decides by the device kind. On the CPU the compiled step measured slower than the eager one
-(benchmarks/train_speed.txt: model=small on Multi30k, 0.81x the eager step's speed per update in
-the median in run 7, 0.68x in run 8 on another machine, before counting its compile time), so
-auto leaves it off there. On CUDA it is on: no GPU has run it yet, and the reading of the CUDA
-path expects fused elementwise kernels and fewer launches to pay there; `make gpu-check` times
-eager against compiled on the first GPU it runs on, and this rule follows what it measures.
-Compiling needs a C compiler and the Python headers (Inductor builds its kernels' wrappers with
-them); without them the run says so in one line and trains eagerly.
+"""What torch.compile did in a training run (graphs compiled, recompiles), for the log and
+TensorBoard. Whether a run compiles, and auto's rule, is the execution policy's
+(transformer_mt/execution.py: should_compile).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
-import sysconfig
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-
-from transformer_mt.errors import ConfigError
 
 if TYPE_CHECKING:
     from torch._dynamo.callback import CallbackArgs
 
 log = logging.getLogger(__name__)
-
-# Device kinds where auto compiles, and why (the log line says it).
-AUTO_COMPILES = {
-    "cuda": "on for CUDA (fused elementwise kernels, fewer launches; not yet measured on a GPU)",
-    "cpu": "off on the CPU, where the compiled step measured slower than the eager one "
-    "(benchmarks/train_speed.txt)",
-}
-SETTINGS = {"auto": None, "true": True, "false": False}
-# Padded lengths are rounded up to a multiple of this when compiling, so that the compiled
-# graphs meet a few shapes again and again instead of a new one every micro-batch.
-LENGTH_MULTIPLE = 8
-
-
-def compile_setting(value: object) -> bool | None:
-    """trainer.compile as given (Hydra may hand over a bool or its text): True, False or None
-    (auto)."""
-    text = str(value).strip().lower()
-    if text not in SETTINGS:
-        raise ConfigError(
-            f"config key 'trainer.compile': {value!r} is not one of auto, true, false"
-        )
-    return SETTINGS[text]
-
-
-def should_compile(value: object, device: torch.device) -> bool:
-    """Decide, and log the decision and why."""
-    setting = compile_setting(value)
-    if setting is None:
-        setting = device.type == "cuda"
-        why = AUTO_COMPILES.get(device.type, f"off on {device.type}: not measured there")
-        log.info("trainer.compile=auto: %s", why)
-    if setting and (missing := missing_build_tools()):
-        log.warning("trainer.compile: %s, so the model trains without torch.compile", missing)
-        return False
-    return setting
-
-
-def missing_build_tools() -> str | None:
-    """What torch.compile's code generation lacks here, or None."""
-    compilers = [os.environ.get("CXX"), "g++", "clang++", "c++"]
-    if not any(name and shutil.which(name) for name in compilers):
-        return "no C++ compiler (g++ or clang++; or set CXX) is installed"
-    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if not header.is_file():
-        return (
-            f"the Python headers ({header}) are not installed (Debian/Ubuntu: the python3-dev "
-            "package)"
-        )
-    return None
 
 
 class RecompileCount:

@@ -77,6 +77,7 @@ def projected_loss(
     pad_id: int,
     chunk_tokens: int | None = None,
     drop_padding: bool | None = None,
+    by_onednn: bool = False,
 ) -> LossSums:
     """The sums of `label_smoothed_loss(hidden @ weight.T, target)` without its logits.
 
@@ -86,7 +87,9 @@ def projected_loss(
 
     drop_padding (None: on the CPU only): select the non-pad positions first, so that padding
     never reaches the projection; on a GPU that selection would wait for the device (its size
-    is data), so there padded positions go through with weight 0 instead."""
+    is data), so there padded positions go through with weight 0 instead. by_onednn: the
+    chunks' float32 products by oneDNN's kernel (the execution policy's choice on the CPU:
+    ExecutionPolicy.cpu_products), with the weight reordered once for all the chunks."""
     keep = target != pad_id
     if drop_padding is None:
         drop_padding = hidden.device.type == "cpu"
@@ -101,7 +104,7 @@ def projected_loss(
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(hidden.device.type, enabled=False):
         loss, nll = ProjectedLoss.apply(
-            tokens, weight, references, weights, epsilon, chunk_tokens, dtype, wants_grad
+            tokens, weight, references, weights, epsilon, chunk_tokens, dtype, wants_grad, by_onednn
         )
     return LossSums(loss, nll, keep.sum())
 
@@ -135,13 +138,24 @@ class ProjectedLoss(torch.autograd.Function):
     docstring)."""
 
     @staticmethod
-    def forward(ctx, tokens, weight, references, weights, epsilon, chunk_tokens, dtype, wants_grad):
+    def forward(
+        ctx,
+        tokens,
+        weight,
+        references,
+        weights,
+        epsilon,
+        chunk_tokens,
+        dtype,
+        wants_grad,
+        by_onednn,
+    ):
         # wants_grad: given by the caller, as forward runs with grad mode off and needs_input_grad
         # says only what requires a gradient, not whether one will be taken (validation).
         vocab = weight.shape[0]
         compute = dtype or tokens.dtype
         weight_c = weight.to(compute)
-        by_onednn = compute == torch.float32 and onednn.chosen_for(tokens, weight_c)
+        by_onednn = by_onednn and compute == torch.float32
         logits_of, grad_of = chunk_products(weight_c, by_onednn, wants_grad)
         mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
         loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
@@ -200,7 +214,7 @@ class ProjectedLoss(torch.autograd.Function):
         return (
             (grad_tokens * grad_loss).to(tokens_dtype) if ctx.needs_input_grad[0] else None,
             (grad_weight * grad_loss).to(weight_dtype) if ctx.needs_input_grad[1] else None,
-            *(None,) * 6,  # references, weights, epsilon, chunk_tokens, dtype, wants_grad
+            *(None,) * 7,  # references, weights, epsilon, chunk_tokens, dtype, wants_grad, onednn
         )
 
 
@@ -208,17 +222,23 @@ class TrainingLoss(torch.nn.Module):
     """The model and its loss as one module, (src, tgt_in, tgt_out) -> LossSums: what
     DistributedDataParallel wraps and torch.compile compiles, so that the compiled region runs up
     to the loss. The chunked projection itself stays eager (its token selection and chunk loop
-    have data-dependent shapes); it is one call at the end of the graph."""
+    have data-dependent shapes); it is one call at the end of the graph. by_onednn: its
+    products by oneDNN's kernel (`projected_loss`), as the execution policy says."""
 
-    def __init__(self, model, *, epsilon: float, pad_id: int):
+    def __init__(self, model, *, epsilon: float, pad_id: int, by_onednn: bool = False):
         super().__init__()
         self.model = model
-        self.epsilon, self.pad_id = epsilon, pad_id
+        self.epsilon, self.pad_id, self.by_onednn = epsilon, pad_id, by_onednn
 
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> LossSums:
         hidden = self.model.decode_hidden(tgt_in, self.model.encode(src))
         return eager_projected_loss(
-            hidden, self.model.embed.weight, tgt_out, epsilon=self.epsilon, pad_id=self.pad_id
+            hidden,
+            self.model.embed.weight,
+            tgt_out,
+            epsilon=self.epsilon,
+            pad_id=self.pad_id,
+            by_onednn=self.by_onednn,
         )
 
 

@@ -20,10 +20,17 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.checkpoint import CheckpointRecord, Mismatch, load_checkpoint
+from transformer_mt.checkpoint import (
+    Checkpoint,
+    CheckpointRecord,
+    Purpose,
+    check_fits,
+    load_checkpoint,
+)
 from transformer_mt.config import ResumeMode, TrainJob, config_dict, plain_value
+from transformer_mt.data.prepare import load_given_tokenizers
 from transformer_mt.data.tokenizer import load_tokenizers
-from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.errors import ConfigError
 from transformer_mt.run_dir import RunDir
 
 log = logging.getLogger(__name__)
@@ -93,14 +100,17 @@ class Difference:
 @dataclass
 class Start:
     kind: StartKind
-    state: dict | None = None  # the checkpoint resumed, or the parent's
-    path: Path | None = None
+    checkpoint: Checkpoint | None = None  # the checkpoint resumed, or the parent's
     changed: list[Difference] = field(default_factory=list)  # since the previous start
     forced: list[Difference] = field(default_factory=list)  # accepted with trainer.resume=force
 
     @property
+    def path(self) -> Path | None:
+        return None if self.checkpoint is None else self.checkpoint.path
+
+    @property
     def step(self) -> int:
-        return int(self.state["step"]) if self.kind == StartKind.resume else 0
+        return self.checkpoint.record.step if self.kind == StartKind.resume else 0
 
 
 def shown(value: Any) -> str:
@@ -188,7 +198,7 @@ def parent_checkpoint(init_from: Path) -> Path:
 
 def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
     """How this command starts; CheckpointError / ConfigError / DataError when it must not. Reads,
-    never writes."""
+    never writes: every check of the checkpoint is made here, before anything is written."""
     saved = run.saved_config()
     changed = []
     if saved is not None:
@@ -196,8 +206,9 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
     run.check_prepared(data_folder, [d for d in changed if d.key.startswith("data.")])
     found = resumable_checkpoint(cfg, run)
     if found is not None:
-        state, path = found
-        check_resumable(CheckpointRecord.read(state, path), path, cfg, data_folder)
+        ours = CheckpointRecord.of_run(cfg.model, None, data_folder.name)
+        check_fits(Purpose.resume, ours, found.record, found.path)
+        found.training_state()  # an average has none: refused here, by name
         training = [d for d in changed if not d.steering]
         if training and cfg.trainer.resume != ResumeMode.force:
             raise ConfigError(
@@ -208,31 +219,24 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
             )
         if cfg.trainer.init_from is not None:
             log.info("trainer.init_from serves a run's first start only: %s resumes", run)
-        return Start(StartKind.resume, state, path, changed, training)
+        return Start(StartKind.resume, found, changed, training)
     if cfg.trainer.init_from is not None:
         path = parent_checkpoint(Path(cfg.trainer.init_from))
-        state = load_checkpoint(path)
-        ours = CheckpointRecord.of_run(cfg.model, None)
-        mismatch = ours.first_mismatch(CheckpointRecord.read(state, path), ["shape"])
-        if mismatch is not None:  # the vocabulary is compared once the data is ready (Trainer)
-            raise CheckpointError(shape_refusal(mismatch, path))
-        return Start(StartKind.fine_tune, state, path, changed)
+        parent = Checkpoint.of(load_checkpoint(path), path)
+        # use_parent_tokenizer made data.spm_model the parent's tokenizer, unless one was given.
+        ours = CheckpointRecord.of_run(cfg.model, load_given_tokenizers(cfg.data))
+        spm_model = f"this run's tokenizer (data.spm_model={cfg.data.spm_model})"
+        check_fits(Purpose.fine_tune, ours, parent.record, path, ours_from=spm_model)
+        return Start(StartKind.fine_tune, parent, changed)
     return Start(StartKind.new, changed=changed)
 
 
-def resumable_checkpoint(cfg: TrainJob, run: RunDir) -> tuple[dict, Path] | None:
+def resumable_checkpoint(cfg: TrainJob, run: RunDir) -> Checkpoint | None:
     """The checkpoint to continue from: trainer.resume_from, else the run's newest readable one;
     ConfigError when trainer.resume=never finds some."""
     if cfg.trainer.resume_from is not None:
         path = Path(cfg.trainer.resume_from)
-        state = load_checkpoint(path)
-        if "optimizer" not in state:
-            raise CheckpointError(
-                f"trainer.resume_from={path}: it holds a model only (no optimizer state: an "
-                "average?), so training cannot continue from it; fine-tune from it with "
-                "trainer.init_from instead"
-            )
-        return state, path
+        return Checkpoint.of(load_checkpoint(path), path)
     folder = run.checkpoints
     if cfg.trainer.resume == ResumeMode.never:
         existing = folder.checkpoint_files()
@@ -242,42 +246,13 @@ def resumable_checkpoint(cfg: TrainJob, run: RunDir) -> tuple[dict, Path] | None
                 "use a new run_dir, or trainer.resume=auto to continue"
             )
         return None
-    return folder.newest_readable()
-
-
-def check_resumable(saved: CheckpointRecord, path: Path, cfg: TrainJob, data_folder: Path) -> None:
-    """CheckpointError unless the checkpoint at `path` was trained on this configuration's data
-    and has its model's shape (the vocabulary is checked once the data is ready: Trainer)."""
-    ours = CheckpointRecord.of_run(cfg.model, None, data_folder.name)
-    mismatch = ours.first_mismatch(saved, ["data", "shape"])
-    if mismatch is None:
-        return
-    if mismatch.aspect == "data":
-        raise CheckpointError(
-            f"{path} was trained on prepared data {mismatch.theirs}, but this configuration "
-            f"prepares {mismatch.ours} (a data or tokenizer setting, or the corpus, changed): "
-            "use a new run_dir, restore the original settings, or fine-tune from this run on "
-            "the new data with trainer.init_from"
-        )
-    raise CheckpointError(shape_refusal(mismatch, path))
-
-
-def shape_refusal(mismatch: Mismatch, path: Path) -> str:
-    """The refusal of a checkpoint whose model or vocabulary differs from this run's."""
-    name = (
-        f"model.{mismatch.setting}"
-        if mismatch.aspect == "model"
-        else f"the tokenizer's {mismatch.setting}"
-    )
-    return (
-        f"{path}: {name} is {mismatch.ours} in this configuration but {mismatch.theirs} in the "
-        f"checkpoint; use a new run_dir, or restore {name}={mismatch.theirs}"
-    )
+    found = folder.newest_readable()
+    return None if found is None else Checkpoint.of(*found)
 
 
 def describe(start: Start) -> str:
     if start.kind == StartKind.resume:
         return f"resumed from {start.path} at update {start.step}"
     if start.kind == StartKind.fine_tune:
-        return f"fine-tuning from {start.path} (update {start.state['step']} of its run)"
+        return f"fine-tuning from {start.path} (update {start.checkpoint.record.step} of its run)"
     return "a new run"

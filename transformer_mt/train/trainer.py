@@ -1,5 +1,7 @@
-"""The Trainer: global-batch updates over ranks and micro-batches, validation, stopping rules
-and checkpoints that let any interrupted run continue exactly."""
+"""The Trainer: global-batch updates over ranks and micro-batches, validation, stopping rules and
+the loop. It composes what it needs: the execution policy that says how the device runs the model
+(transformer_mt/execution.py), the Checkpointer that saves and resumes (train/checkpointer.py)
+and the metrics it reports (train/metrics.py)."""
 
 from __future__ import annotations
 
@@ -11,16 +13,14 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from transformer_mt.checkpoint import CheckpointRecord
-from transformer_mt.config import CpuLinear, TrainJob
+from transformer_mt.checkpoint import CheckpointRecord, Progress
+from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import (
     Batch,
     BatchDataset,
@@ -30,27 +30,19 @@ from transformer_mt.data.batching import (
 )
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.device import attention_kernels, autocast_dtype, autocast_for
-from transformer_mt.errors import CheckpointError
-from transformer_mt.files import remove_partial_writes
+from transformer_mt.execution import CpuProducts, ExecutionPolicy
 from transformer_mt.model import Transformer
-from transformer_mt.onednn import products_by_onednn
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train.compiling import LENGTH_MULTIPLE, CompileWatch, should_compile
+from transformer_mt.train.checkpointer import Checkpointer, TrainingParts
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
-from transformer_mt.train.flops import peak_flops, update_flops
+from transformer_mt.train.flops import update_flops
 from transformer_mt.train.loader_workers import start_worker, worker_context
 from transformer_mt.train.loss import LossSums, TrainingLoss
-from transformer_mt.train.monitor import (
-    NonFiniteUpdates,
-    StepStats,
-    ThroughputWindow,
-    WindowStats,
-)
-from transformer_mt.train.run_state import Progress, restore_rng, rng_states
+from transformer_mt.train.metrics import TrainingMetrics
+from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, ThroughputWindow
 from transformer_mt.train.schedule import paper_schedule
 from transformer_mt.train.signals import StopSignals
-from transformer_mt.train.start import Start, StartKind, describe, shape_refusal
+from transformer_mt.train.start import Start, StartKind, describe
 from transformer_mt.train.validation import ValidationScores, validation_loss
 
 log = logging.getLogger(__name__)
@@ -66,55 +58,33 @@ class Trainer:
         cfg: TrainJob,
         run: RunDir,
         data: PreparedData,
-        device: torch.device,
+        policy: ExecutionPolicy,
         ranks: Ranks | None = None,
         *,
         valid_bleu: Callable[[Transformer], float] | None = None,
     ):
-        """run: the command's run folder (checkpoints and TensorBoard go there). valid_bleu: the
-        BLEU of a model's translations of (part of) the valid split, given by the command
-        (commands/train.py); None: validate the loss only."""
-        self.cfg, self.run, self.data, self.device = cfg, run, data, device
+        """run: the command's run folder (checkpoints and TensorBoard go there). policy: how the
+        device runs the model (ExecutionPolicy.for_training). valid_bleu: the BLEU of a model's
+        translations of (part of) the valid split, given by the command (commands/train.py);
+        None: validate the loss only."""
+        self.cfg, self.run, self.data, self.policy = cfg, run, data, policy
+        self.device = policy.device
         self.ranks = ranks or Ranks()
         self.valid_bleu = valid_bleu
-        self.checkpoints = run.checkpoints
-        # What this run's checkpoints say of themselves (step and progress added when saved).
-        self.record = CheckpointRecord.of_run(cfg.model, data.tokenizers, data.folder.name)
-        self.model = self.record.build_model().to(device)
-        # What a micro-batch runs: the model up to its loss sums, in one module.
-        self.train_model = TrainingLoss(
-            self.model, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
+        # What this run's checkpoints say of themselves (progress added when saved).
+        record = CheckpointRecord.of_run(cfg.model, data.tokenizers, data.folder.name)
+        self.model = record.build_model().to(self.device)
+        # The model and its loss, with the policy's kernels, as a micro-batch runs them (eager:
+        # validation's loss runs it too); then under DDP and torch.compile as the policy says.
+        self.loss_module = TrainingLoss(
+            policy.with_kernels(self.model),
+            epsilon=cfg.optim.label_smoothing,
+            pad_id=PAD_ID,
+            by_onednn=policy.cpu_products == CpuProducts.onednn,
         )
-        if self.ranks.distributed:
-            self.train_model = DistributedDataParallel(
-                self.train_model,
-                device_ids=[device] if device.type == "cuda" else None,
-                broadcast_buffers=False,  # the only buffer is the constant position table
-                # The gradients are views of DDP's all-reduce buckets, not a second copy of them
-                # (train_step keeps them allocated between updates, zeroed, for that).
-                gradient_as_bucket_view=True,
-            )
-        self.compiled = should_compile(cfg.trainer.compile, device)
-        self.compile_watch = CompileWatch() if self.compiled else None
-        if self.compiled:
-            self.train_model = torch.compile(self.train_model, dynamic=True)
-        # Fused Adam (CPU and GPU) can skip an update on a device-side flag, without a host sync.
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=1.0,
-            betas=tuple(cfg.optim.betas),
-            eps=cfg.optim.eps,
-            weight_decay=cfg.optim.weight_decay,
-            fused=True,
-        )
-        self.scheduler = paper_schedule(
-            self.optimizer,
-            d_model=cfg.model.d_model,
-            warmup_steps=cfg.optim.warmup_steps,
-            scale=cfg.optim.lr_scale,
-        )
-        fp16 = autocast_dtype(device, cfg.trainer.precision) == torch.float16
-        self.scaler = torch.amp.GradScaler(device.type, enabled=fp16)
+        self.train_model = policy.compiled(self.distributed(self.loss_module))
+        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.dtype == torch.float16)
         self.plan = plan_batches(
             data.train.src.lengths,
             data.train.tgt.lengths,
@@ -123,135 +93,67 @@ class Trainer:
             world_size=self.ranks.world_size,
             padded=cfg.trainer.global_batch_padded,
         )
-        small = small_micro_batch_warning(self.plan, device)
+        small = small_micro_batch_warning(self.plan, self.device)
         if small and self.ranks.is_main:
             log.warning("%s", small)
+        parts = TrainingParts(self.model, self.optimizer, self.scheduler, self.scaler)
+        self.checkpointer = Checkpointer(run, record, parts, self.ranks, self.device, cfg.trainer)
         self.progress = Progress()
         self.tokens_by_turn = np.zeros(0, dtype=np.int64)  # the epoch's; set by epoch_loader
         self.position_fraction: float | None = None  # set by a resume with another layout
-        self.saved_step = self.validated_step = -1
-        self.last_save_time = time.monotonic()
-        self.nonfinite = NonFiniteUpdates(device)
+        self.validated_step = -1
+        self.nonfinite = NonFiniteUpdates(self.device)
         self.signals = StopSignals()
         # Decisions that end the loop, agreed by all ranks (agree_on_stopping: a rank's clock or
         # a signal that reached one rank must not send the ranks down different paths).
         self.out_of_time = self.stop_signalled = False
-        self.peak_flops = (
-            peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+        self.metrics = (
+            TrainingMetrics(str(run.tensorboard), self.device, compiled=policy.compile)
+            if self.ranks.is_main
+            else None
         )
-        self.writer = SummaryWriter(str(self.run.tensorboard)) if self.ranks.is_main else None
 
-    # ---- checkpoints -------------------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The run's whole state; a collective (every rank's RNG is gathered)."""
-        record = self.record.with_progress(self.progress.step, vars(self.progress))
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            **record.as_state(),
-            **rng_states(self.ranks, self.device),
-        }
-
-    def check_fits(self, state: dict, path: Path) -> None:
-        """CheckpointError unless the checkpoint's model has this run's shape and vocabulary."""
-        mismatch = self.record.first_mismatch(
-            CheckpointRecord.read(state, path), ["shape", "vocabulary"]
+    def distributed(self, module: torch.nn.Module) -> torch.nn.Module:
+        """`module` under DistributedDataParallel when there are several ranks."""
+        if not self.ranks.distributed:
+            return module
+        return DistributedDataParallel(
+            module,
+            device_ids=[self.device] if self.device.type == "cuda" else None,
+            broadcast_buffers=False,  # the only buffer is the constant position table
+            # The gradients are views of DDP's all-reduce buckets, not a second copy of them
+            # (train_step keeps them allocated between updates, zeroed, for that).
+            gradient_as_bucket_view=True,
         )
-        if mismatch is not None:
-            raise CheckpointError(shape_refusal(mismatch, path))
 
-    def load_state_dict(self, state: dict, path: Path) -> None:
-        """Continue the run whose checkpoint `state` is (train/start.py checked that it may)."""
-        self.check_fits(state, path)
-        try:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
-            self.scheduler.load_state_dict(state["scheduler"])
-        except (RuntimeError, ValueError, KeyError) as error:
-            raise CheckpointError(f"{path}: cannot continue from it: {error}") from error
-        if state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.progress = Progress.from_state(state["progress"])
-        self.saved_step = self.progress.step
-        layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
-        if self.progress.layout != layout:
-            saved = self.progress
-            self.position_fraction = saved.batch_in_epoch / max(saved.batches_in_epoch, 1)
-            log.warning(
-                "resuming with another layout (ranks, micro-batch budget) %s -> %s: the global "
-                "batch and the schedule continue; the data position continues at %.1f%% of "
-                "epoch %d in the new batch order (approximate)",
-                saved.layout,
-                layout,
-                100 * self.position_fraction,
-                saved.epoch,
-            )
-        seed = self.cfg.trainer.seed
-        if not restore_rng(state, self.ranks, self.device, seed, self.progress.step):
-            log.warning("another number of ranks: dropout draws fresh random numbers")
-
-    def save(self, *, best: bool = False) -> Path:
-        """Write the checkpoint of this update (rank 0; a collective: every rank calls it)."""
-        state = self.state_dict()
-        path = self.checkpoints.step_file(self.progress.step)
-        if self.ranks.is_main:
-            keep = self.cfg.trainer.keep_checkpoints
-            path = self.checkpoints.save(
-                state, self.progress.step, best=best, keep=keep, previous=self.saved_step
-            )
-        self.saved_step = self.progress.step
-        self.last_save_time = time.monotonic()
-        return path
-
+    # ---- starting ----------------------------------------------------------------------------
     def begin(self, start: Start) -> None:
         """Resume the checkpoint, or take a parent's weights (fine-tuning), as `start` says."""
-        if self.ranks.is_main:
-            # Only what tmt-train writes: tmt-eval or tmt-average may be writing the rest now.
-            stale = [*self.checkpoints.remove_partial_writes()]
-            if self.run.path.is_dir():
-                stale += remove_partial_writes(self.run.path, self.run.written_by_training)
-            for path in stale:
-                log.info("removed %s, left by an interrupted write", path.name)
-        self.ranks.barrier()
+        self.checkpointer.remove_partial_writes()
         if start.kind == StartKind.resume:
-            self.load_state_dict(start.state, start.path)
-            self.relink_best()
+            self.progress = self.checkpointer.resume(start.checkpoint)
+            self.continue_data_position()
         elif start.kind == StartKind.fine_tune:
-            self.load_parent_weights(start.state, start.path)
+            self.checkpointer.take_weights(start.checkpoint)
         log.info("%s", describe(start))
 
-    def relink_best(self) -> None:
-        """The best checkpoint's link at the checkpoint of the recorded best score (rank 0; see
-        CheckpointFolder.point_best_at)."""
-        best_step = self.progress.best_step
-        if (
-            self.ranks.is_main
-            and best_step is not None
-            and self.checkpoints.point_best_at(best_step)
-        ):
-            log.info(
-                "%s now points at update %d, the recorded best",
-                self.checkpoints.best.name,
-                best_step,
-            )
-
-    def load_parent_weights(self, state: dict, path: Path) -> None:
-        """The parent's model weights only: optimizer, schedule and update count start afresh."""
-        parent, ours = CheckpointRecord.read(state, path), self.record
-        if ours.first_mismatch(parent, ["vocabulary"]) is not None:
-            raise CheckpointError(
-                f"{path}: the parent model's embedding has {pieces(parent)}, but this run's "
-                f"tokenizer (data.spm_model={self.cfg.data.spm_model}) has {pieces(ours)}: "
-                "fine-tuning needs the parent's own SentencePiece model (leave data.spm_model "
-                "unset and trainer.init_from supplies it)"
-            )
-        self.check_fits(state, path)
-        try:
-            self.model.load_state_dict(state["model"])
-        except RuntimeError as error:
-            raise CheckpointError(f"{path}: cannot take its weights: {error}") from error
+    def continue_data_position(self) -> None:
+        """A resume with another layout (ranks, micro-batch budget) has another batch order: it
+        continues at the same fraction of the epoch (approximate)."""
+        layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
+        saved = self.progress
+        if saved.layout == layout:
+            return
+        self.position_fraction = saved.batch_in_epoch / max(saved.batches_in_epoch, 1)
+        log.warning(
+            "resuming with another layout (ranks, micro-batch budget) %s -> %s: the global "
+            "batch and the schedule continue; the data position continues at %.1f%% of "
+            "epoch %d in the new batch order (approximate)",
+            saved.layout,
+            layout,
+            100 * self.position_fraction,
+            saved.epoch,
+        )
 
     # ---- data --------------------------------------------------------------------------------
     def epoch_loader(self) -> torch.utils.data.DataLoader:
@@ -283,7 +185,7 @@ class Trainer:
             pad_id=PAD_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
-            length_multiple=LENGTH_MULTIPLE if self.compiled else 1,
+            length_multiple=self.policy.length_multiple,
         )
         workers = settings.loader_workers
         return torch.utils.data.DataLoader(
@@ -321,11 +223,7 @@ class Trainer:
         no_sync = self.ranks.distributed and not sync
         with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
             batch = batch.to(self.device)
-            with (
-                autocast_for(self.device, self.cfg.trainer.precision),
-                attention_kernels(self.cfg.trainer.sdpa_backends),
-                products_by_onednn(self.cfg.trainer.cpu_linear == CpuLinear.onednn),
-            ):
+            with self.policy.forward():
                 sums = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
             self.scaler.scale(sums.loss * scale).backward()
         return LossSums(sums.loss.detach(), sums.nll.detach(), sums.n_tokens)
@@ -374,7 +272,7 @@ class Trainer:
             grad_norm=grad_norm,
             tokens=total_tokens,
             padding=sum(b.padding_ratio for b in batches) / len(batches),
-            flops=update_flops(self.cfg.model, self.record.vocab_size, batches, PAD_ID),
+            flops=update_flops(self.cfg.model, self.model.embed.num_embeddings, batches, PAD_ID),
         )
 
     def clipped_gradient_norm(self) -> torch.Tensor:
@@ -390,12 +288,11 @@ class Trainer:
     # ---- validation, logging, stopping -------------------------------------------------------
     def validate(self) -> ValidationScores:
         """Loss and (when the command gave a scorer) BLEU on the valid split, logged; rank 0."""
-        scores = validation_loss(self.model, self.data.valid, self.cfg, self.device)
+        batch_tokens = self.cfg.trainer.batch_tokens
+        scores = validation_loss(self.loss_module, self.data.valid, batch_tokens, self.policy)
         if self.valid_bleu is not None:
             scores = dataclasses.replace(scores, bleu=self.valid_bleu(self.model))
-        for name, value in scores.scalars().items():
-            self.writer.add_scalar(f"valid/{name}", value, self.progress.step)
-        log.info("%s", scores.format(self.progress.step))
+        self.metrics.validation(scores, self.progress.step)
         return scores
 
     def validate_and_judge(self) -> tuple[bool, bool]:
@@ -423,25 +320,13 @@ class Trainer:
         return bool(improved), bool(exhausted)
 
     def log_train(self, window: list[StepStats], seconds: float, bar) -> str | None:
-        """Scalars for the window of updates since the last log; a stop reason if the gradient
-        has been non-finite too often in a row."""
+        """Report the window of updates since the last log (rank 0); a stop reason if the
+        gradient has been non-finite too often in a row."""
         skipped, in_a_row = self.nonfinite.read()
         self.progress.skipped_updates += skipped
         if not self.ranks.is_main:
             return self.nonfinite_stop(in_a_row)
-        stats = WindowStats.of(window, seconds, self.peak_flops)
-        scalars = {**stats.scalars(), "skipped_updates": self.progress.skipped_updates}
-        if self.device.type == "cuda":
-            scalars["memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        for name, value in scalars.items():
-            self.writer.add_scalar(f"train/{name}", value, self.progress.step)
-        progress = self.progress
-        log.info("%s", stats.format(progress.step, progress.epoch, progress.train_seconds))
-        if self.compile_watch is not None:
-            self.compile_watch.check(progress.step)  # logs the counts when they changed
-            counts = self.compile_watch.last
-            self.writer.add_scalar("compile/graphs", counts.graphs, progress.step)
-            self.writer.add_scalar("compile/recompiles", counts.recompiles, progress.step)
+        stats = self.metrics.window(window, seconds, self.progress, self.progress.skipped_updates)
         shown = stats.bar_postfix()
         if self.cfg.trainer.max_time_minutes:  # the bar's total counts updates, not the budget
             left = 60 * self.cfg.trainer.max_time_minutes - self.progress.train_seconds
@@ -498,16 +383,16 @@ class Trainer:
                 self.finish()
             return reason
         finally:
-            if self.writer:
-                self.writer.close()
+            if self.metrics:
+                self.metrics.close()
 
     def finish(self) -> None:
         """The final validation and checkpoint, where the last update has none yet."""
         improved = False
         if self.validated_step != self.progress.step:
             improved, _ = self.validate_and_judge()
-        if improved or self.saved_step != self.progress.step:
-            self.save(best=improved)
+        if improved or self.checkpointer.saved_step != self.progress.step:
+            self.checkpointer.save(self.progress, best=improved)
 
     def run_until_stopped(self) -> str:
         """The updates, with a progress bar on a terminal, until a stopping rule fires."""
@@ -576,13 +461,11 @@ class Trainer:
             if settings.valid_every and step % settings.valid_every == 0:
                 with window.aside():
                     improved, exhausted = self.validate_and_judge()
-            minutes = settings.checkpoint_every_minutes
-            time_due = bool(minutes) and time.monotonic() - self.last_save_time >= 60 * minutes
-            time_due = self.agree_on_stopping(time_due)
-            periodic = settings.checkpoint_every and step % settings.checkpoint_every == 0
-            if improved or self.stop_signalled or time_due or periodic:
+            checkpointer = self.checkpointer
+            time_due = self.agree_on_stopping(checkpointer.time_due())
+            if improved or self.stop_signalled or time_due or checkpointer.periodic_due(step):
                 with window.aside():
-                    self.save(best=improved)
+                    checkpointer.save(self.progress, best=improved)
             if self.stop_signalled:
                 return f"stop signal ({self.signals.received or 'on another rank'})"
             if exhausted:
@@ -596,7 +479,23 @@ class Trainer:
         return reason
 
 
-def pieces(record: CheckpointRecord) -> str:
-    """'400 target pieces' (and the source's with separate vocabularies)."""
-    source = "" if record.src_vocab_size is None else f" and {record.src_vocab_size} source pieces"
-    return f"{record.vocab_size} target pieces{source}"
+def optimizer_and_schedule(
+    model: torch.nn.Module, cfg: TrainJob
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """The paper's Adam and learning-rate schedule. Fused Adam (CPU and GPU) can skip an update
+    on a device-side flag, without a host sync (train_step)."""
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=1.0,
+        betas=tuple(cfg.optim.betas),
+        eps=cfg.optim.eps,
+        weight_decay=cfg.optim.weight_decay,
+        fused=True,
+    )
+    schedule = paper_schedule(
+        optimizer,
+        d_model=cfg.model.d_model,
+        warmup_steps=cfg.optim.warmup_steps,
+        scale=cfg.optim.lr_scale,
+    )
+    return optimizer, schedule

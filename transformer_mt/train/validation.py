@@ -8,12 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import collate, token_batches
 from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.device import autocast_for
-from transformer_mt.model import Transformer
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.train.loss import TrainingLoss
 
 
@@ -40,22 +38,19 @@ class ValidationScores:
 
 @torch.no_grad()
 def validation_loss(
-    model: Transformer, data: ParallelTokens, cfg: TrainJob, device: torch.device
+    loss_of: TrainingLoss, data: ParallelTokens, batch_tokens: int, policy: ExecutionPolicy
 ) -> ValidationScores:
-    model.eval()
-    loss_of = TrainingLoss(model, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID)
+    """The loss of the model in `loss_of` (the training step's own, eager, in eval mode) on the
+    whole of `data`, in batches of batch_tokens, run as the training step runs (`policy`)."""
+    loss_of.eval()
     loss_sum = nll_sum = tokens = 0.0
     batches = token_batches(
-        data.src.lengths,
-        data.tgt.lengths,
-        cfg.trainer.batch_tokens,
-        seed=0,
-        epoch=0,
-        shuffle=False,
+        data.src.lengths, data.tgt.lengths, batch_tokens, seed=0, epoch=0, shuffle=False
     )
     for indices in batches:
-        batch = collate(data, indices, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID).to(device)
-        with autocast_for(device, cfg.trainer.precision):
+        batch = collate(data, indices, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+        batch = batch.to(policy.device)
+        with policy.forward():
             sums = loss_of(batch.src, batch.tgt_in, batch.tgt_out)
         loss_sum += float(sums.loss)
         nll_sum += float(sums.nll)

@@ -1,0 +1,250 @@
+"""How a device runs the model, decided in one place: the ExecutionPolicy.
+
+A run's policy is built once from its settings and its device, and validated with them, before
+anything is written: the precision autocast computes in, the attention kernels
+F.scaled_dot_product_attention may use and in which order, whether torch.compile runs, and which
+kernel multiplies the linear layers on the CPU. Training, validation and every search take it:
+`forward()` is the one context a forward pass runs in, `with_kernels` and `compiled` the one way
+a module gets the policy's kernels and compiler. Nothing else in the package enters autocast,
+SDPA-kernel or oneDNN contexts (the loss turns autocast off around its own products, whose
+precision the policy gives it: train/loss.py).
+
+The attention order on CUDA is ours, not torch's: flash, then memory-efficient, then math.
+torch 2.9 and later put cuDNN's attention first on H100/H200 (cuDNN >= 9.15), and cuDNN builds an
+execution plan for every new (batch, length) shape, forward and backward: on the first GPU run
+(one H200, torch 2.11, the base model, 25,000-token updates) a first pass over unseen shapes ran
+at 62,890 target tokens/s against 415,972 on the same shapes seen again; with cuDNN's attention
+off, 330,377 against 425,910 (benchmarks/gpu.txt). Its backward can also give NaN gradients on
+those GPUs (pytorch#196678). `[default]` in the settings still gives torch's own choice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import itertools
+import logging
+import os
+import shutil
+import sysconfig
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+
+import torch
+from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from transformer_mt import onednn
+from transformer_mt.config import (
+    CpuLinear,
+    DecodeConfig,
+    Precision,
+    Quantize,
+    SdpaBackend,
+    TrainerConfig,
+    compile_setting,
+)
+
+log = logging.getLogger(__name__)
+
+SDPA_KERNELS = {
+    SdpaBackend.flash: SDPBackend.FLASH_ATTENTION,
+    SdpaBackend.efficient: SDPBackend.EFFICIENT_ATTENTION,
+    SdpaBackend.cudnn: SDPBackend.CUDNN_ATTENTION,
+    SdpaBackend.math: SDPBackend.MATH,
+}
+# [auto] by device kind; a kind not named here gets torch's own choice (the CPU has flash and
+# math only, and torch orders them well).
+AUTO_ATTENTION = {"cuda": (SdpaBackend.flash, SdpaBackend.efficient, SdpaBackend.math)}
+
+# Device kinds where trainer.compile=auto compiles, and why (the log line says it).
+AUTO_COMPILES = {
+    "cuda": "on for CUDA (fused elementwise kernels, fewer launches; not yet measured on a GPU)",
+    "cpu": "off on the CPU, where the compiled step measured slower than the eager one "
+    "(benchmarks/train_speed.txt)",
+}
+# Padded lengths are rounded up to a multiple of this when compiling, so that the compiled
+# graphs meet a few shapes again and again instead of a new one every micro-batch.
+COMPILED_LENGTH_MULTIPLE = 8
+
+
+class CpuProducts(str, Enum):
+    """What multiplies the linear layers on the CPU: torch's F.linear, oneDNN's kernel (training:
+    the weight reordered at each call; decoding: reordered once, in a copy), or int8 weights
+    (decoding only)."""
+
+    torch = "torch"
+    onednn = "onednn"
+    int8 = "int8"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExecutionPolicy:
+    """How one device runs the model (the module's docstring)."""
+
+    device: torch.device
+    dtype: torch.dtype | None
+    """What autocast computes in (bf16, fp16); None: float32, autocast off."""
+    attention: tuple[SdpaBackend, ...] | None
+    """SDPA's kernels in order of preference; None: torch's own choice."""
+    compile: bool
+    """Whether the training module goes through torch.compile."""
+    cpu_products: CpuProducts
+    """What multiplies the linear layers (and the loss's output projection) on the CPU."""
+
+    @classmethod
+    def for_training(cls, trainer: TrainerConfig, device: torch.device) -> ExecutionPolicy:
+        """The training step's policy (trainer.precision, sdpa_backends, compile, cpu_linear);
+        ConfigError naming the key for a setting that cannot be (the decision logged)."""
+        dtype = autocast_dtype(device, trainer.precision)
+        compiles = should_compile(trainer.compile, device)
+        onednn_products = (
+            device.type == "cpu"
+            and dtype is None
+            and not compiles  # torch.compile traces F.linear
+            and trainer.cpu_linear == CpuLinear.onednn
+            and onednn.available()
+        )
+        return cls(
+            device=device,
+            dtype=dtype,
+            attention=attention_order(trainer.sdpa_backends, device),
+            compile=compiles,
+            cpu_products=CpuProducts.onednn if onednn_products else CpuProducts.torch,
+        )
+
+    @classmethod
+    def for_decoding(cls, decode: DecodeConfig, device: torch.device) -> ExecutionPolicy:
+        """A search's policy (decode.precision, sdpa_backends, cpu_linear, quantize): float32 on
+        the CPU multiplies by int8 weights (decode.quantize=int8) or oneDNN's prepacked ones
+        (decode.cpu_linear=onednn, where torch has oneDNN); never compiled."""
+        dtype = autocast_dtype(device, Precision(decode.precision.value))
+        products = CpuProducts.torch
+        if device.type == "cpu" and dtype is None:
+            if decode.quantize == Quantize.int8:
+                products = CpuProducts.int8
+            elif decode.cpu_linear == CpuLinear.onednn and onednn.available():
+                products = CpuProducts.onednn
+        return cls(
+            device=device,
+            dtype=dtype,
+            attention=attention_order(decode.sdpa_backends, device),
+            compile=False,
+            cpu_products=products,
+        )
+
+    @property
+    def length_multiple(self) -> int:
+        """What padded lengths are rounded up to: few shapes for compiled graphs, else none."""
+        return COMPILED_LENGTH_MULTIPLE if self.compile else 1
+
+    @contextlib.contextmanager
+    def forward(self) -> Iterator[None]:
+        """The context every forward pass runs in: autocast in `dtype` (off for float32, also
+        inside an enclosing autocast) and SDPA's kernels in `attention`'s order."""
+        kind = self.device.type
+        autocast = torch.autocast(kind, dtype=self.dtype, enabled=self.dtype is not None)
+        kernels = (
+            contextlib.nullcontext()
+            if self.attention is None
+            else sdpa_kernel([SDPA_KERNELS[kernel] for kernel in self.attention], set_priority=True)
+        )
+        with autocast, kernels:
+            yield
+
+    def with_kernels(self, model: nn.Module) -> nn.Module:
+        """`model` as the training step runs it: with oneDNN's products on the CPU, a copy whose
+        linear layers multiply by oneDNN's kernel (onednn.TrainingLinear) over the model's own
+        parameters, so that the optimizer, the checkpoint and validation BLEU see one set of
+        weights; otherwise the model itself."""
+        if self.cpu_products != CpuProducts.onednn:
+            return model
+        return copy_with_linears(model, onednn.TrainingLinear.over)
+
+    def compiled(self, module: nn.Module) -> nn.Module:
+        """`module` through torch.compile where the policy compiles, else itself."""
+        return torch.compile(module, dynamic=True) if self.compile else module
+
+    def describe(self) -> str:
+        """One line for the log: what this policy runs."""
+        attention = (
+            "torch's choice"
+            if self.attention is None
+            else ",".join(a.value for a in self.attention)
+        )
+        precision = "fp32" if self.dtype is None else str(self.dtype).removeprefix("torch.")
+        return (
+            f"{self.device}, {precision}, attention [{attention}], "
+            f"compile {'on' if self.compile else 'off'}, CPU products {self.cpu_products.value}"
+        )
+
+
+def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
+    """bf16 on GPU by default, fp16 when asked for; None (fp32) on CPU unless bf16 is asked for."""
+    if precision == Precision.fp16:
+        return torch.float16
+    if precision == Precision.bf16 or (precision == Precision.auto and device.type == "cuda"):
+        return torch.bfloat16
+    return None
+
+
+def attention_order(
+    backends: list[SdpaBackend], device: torch.device
+) -> tuple[SdpaBackend, ...] | None:
+    """The kernels SDPA may choose from, in order ([auto]: ours for the device; [default] and
+    devices we leave to torch: None). A kernel that cannot take a call (cuDNN and flash: no
+    fp32; the CPU: flash and math only) is passed over; with none left, SDPA fails ("No viable
+    backend for scaled_dot_product_attention")."""
+    if backends == [SdpaBackend.default]:
+        return None
+    if backends == [SdpaBackend.auto]:
+        return AUTO_ATTENTION.get(device.type)
+    return tuple(backends)
+
+
+def should_compile(value: object, device: torch.device) -> bool:
+    """trainer.compile decided for `device`, the decision and why logged. auto decides by the
+    device kind. On the CPU the compiled step measured slower than the eager one
+    (benchmarks/train_speed.txt: model=small on Multi30k, 0.81x the eager step's speed per
+    update in the median in run 7, 0.68x in run 8 on another machine, before counting its
+    compile time), so auto leaves it off there. On CUDA it is on: `make gpu-check` times eager
+    against compiled, and this rule follows what it measures."""
+    setting = compile_setting(value)
+    if setting is None:
+        setting = device.type == "cuda"
+        why = AUTO_COMPILES.get(device.type, f"off on {device.type}: not measured there")
+        log.info("trainer.compile=auto: %s", why)
+    if setting and (missing := missing_build_tools()):
+        log.warning("trainer.compile: %s, so the model trains without torch.compile", missing)
+        return False
+    return setting
+
+
+def missing_build_tools() -> str | None:
+    """What torch.compile's code generation lacks here, or None. Compiling needs a C compiler
+    and the Python headers (Inductor builds its kernels' wrappers with them); without them the
+    run says so in one line and trains eagerly."""
+    compilers = [os.environ.get("CXX"), "g++", "clang++", "c++"]
+    if not any(name and shutil.which(name) for name in compilers):
+        return "no C++ compiler (g++ or clang++; or set CXX) is installed"
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.is_file():
+        return (
+            f"the Python headers ({header}) are not installed (Debian/Ubuntu: the python3-dev "
+            "package)"
+        )
+    return None
+
+
+def copy_with_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+    """A copy of `model` (of its own class, new modules over the same parameters and buffers)
+    whose every nn.Linear is replaced by make(linear); `model` is left as it is."""
+    shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
+    copied = copy.deepcopy(model, memo=shared)
+    for parent in list(copied.modules()):
+        for name, child in parent.named_children():
+            if type(child) is nn.Linear:
+                setattr(parent, name, make(child))
+    return copied
