@@ -1,9 +1,9 @@
 """Fault drill: kill a training run with SIGKILL again and again, and prove it resumes exactly.
 
-    python scripts/fault_drill.py                          # 8 kills, seed 0, temporary folder
-    python scripts/fault_drill.py --kills 12 --seed 3 --workdir /tmp/drill
-    python scripts/fault_drill.py | tee benchmarks/fault_drill.txt
-    python scripts/fault_drill.py --compile               # the same with trainer.compile=true
+    python -m benchmarks.fault_drill                          # 8 kills, seed 0, temporary folder
+    python -m benchmarks.fault_drill --kills 12 --seed 3 --workdir /tmp/drill
+    python -m benchmarks.fault_drill | tee benchmarks/fault_drill.txt
+    python -m benchmarks.fault_drill --compile               # the same with trainer.compile=true
 
 Every run goes through the real command line (`tmt-prepare`, `tmt-train`, each in its own
 process group) on the embedded toy corpus with the tiny model:

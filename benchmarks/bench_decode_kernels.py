@@ -1,8 +1,8 @@
 """The kernels of a decoding step on the CPU, each beside the form it replaced, and where the time
 of a whole beam search goes (benchmarks/decode.txt quotes both).
 
-    .venv/bin/python scripts/bench_decode_kernels.py
-    .venv/bin/python scripts/bench_decode_kernels.py --profile RUN [--int8]
+    .venv/bin/python -m benchmarks.bench_decode_kernels
+    .venv/bin/python -m benchmarks.bench_decode_kernels --profile RUN [--int8]
 
 At decoding's shapes (Multi30k's small model: D 256, 4 heads, 1,024-wide feed-forward, 8,000
 pieces; a batch of 4,000 source tokens is about 1,200 beam rows), in one process with --threads

@@ -92,7 +92,15 @@ def run_measured(command: list[str]) -> tuple[float, float, str]:
 
 
 def prepare_in_child(corpus: Path, prepared: Path, vocab: int) -> dict:
-    command = [sys.executable, __file__, "--child-prepare", str(corpus), str(prepared), str(vocab)]
+    command = [
+        sys.executable,
+        "-m",
+        __spec__.name,
+        "--child-prepare",
+        str(corpus),
+        str(prepared),
+        str(vocab),
+    ]
     seconds, peak, output = run_measured(command)
     return {"seconds": seconds, "peak_mb": peak, **json.loads(output.strip().splitlines()[-1])}
 

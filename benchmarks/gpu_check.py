@@ -1,4 +1,4 @@
-"""The CUDA path in two short runs: `make gpu-check` (scripts/gpu_check.sh, which first
+"""The CUDA path in two short runs: `make gpu-check` (benchmarks/gpu_check.sh, which first
 installs the wheels carried in .whl/, if any, then runs this).
 
 The core run (the default, `--parts core`) fits in 4 minutes: --budget 240 s, the sum of its
@@ -12,7 +12,7 @@ budget left. The headline figures come first:
 2. compiled big, 70 s, and 3. compiled base, 46 s: ours with trainer.compile=true;
 4. eager base, 22 s, and 5. eager big, 22 s: ours beside transformers' MarianMTModel;
 6. decoding, 25 s: beam 4 on 1,000 generated sentences of WMT length, model=base with random
-   weights, ours against CTranslate2 on the GPU (scripts/bench_decode.py --generated).
+   weights, ours against CTranslate2 on the GPU (benchmarks/bench_decode.py --generated).
 
 The optional run (`--parts extra`, a second invocation, 460 s, its results added to the same
 file; `--parts all`: both runs in one, 700 s):
@@ -26,7 +26,7 @@ file; `--parts all`: both runs in one, 700 s):
    BLEU on its test split (tmt-eval); its log lines without their throughput fields (parts 2-8
    measure throughput).
 
-Parts 2-5, 7 and 8 are scripts/bench_train.py on generated WMT-like updates of 25,000 target
+Parts 2-5, 7 and 8 are benchmarks/bench_train.py on generated WMT-like updates of 25,000 target
 tokens in bf16 (batches cut from 2,000,000 pairs' lengths: WMT's padding), warm-up updates first
 (5 compiled: the dynamic-shape graph and its recompiles settle; 3 eager), then 8 timed updates
 twice (--passes 2: the second pass meets only shapes seen before; both reported, with their
@@ -73,7 +73,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 3  # --probe's exit status without a GPU; gpu_check.sh turns it into 0
 REQUIRED = ("hydra", "omegaconf", "sentencepiece", "sacrebleu", "tensorboard", "tqdm", "numpy")
-PREPARE_WHEELS = "bash scripts/gpu_check.sh --prepare-wheels"
+PREPARE_WHEELS = "bash benchmarks/gpu_check.sh --prepare-wheels"
 TRAIN = "from transformer_mt.cli import train_main; train_main()"
 EVALUATE = "from transformer_mt.cli import evaluate_main; evaluate_main()"
 
@@ -323,10 +323,10 @@ def correctness(settings: Settings, report: Report, limit: float) -> Outcome:
 
 
 def throughput(settings: Settings, report: Report, title: str, bench: str, limit: float) -> Outcome:
-    """scripts/bench_train.py with the settings' options and then `bench`'s (which win)."""
+    """benchmarks/bench_train.py with the settings' options and then `bench`'s (which win)."""
     section(report, f"{title}, limit {limit:.0f} s")
     command = python_command(
-        "scripts/bench_train.py", "--device", settings.device, *settings.bench.split(),
+        "-m", "benchmarks.bench_train", "--device", settings.device, *settings.bench.split(),
         *bench.split(),
     )  # fmt: skip
     outcome = run(command, limit, report, echo=True)
@@ -347,7 +347,7 @@ def decoding(settings: Settings, report: Report, limit: float) -> Outcome:
     if found:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*found, env.get("LD_LIBRARY_PATH", "")])
     command = python_command(
-        "scripts/bench_decode.py", "--device", settings.device, *settings.decode.split()
+        "-m", "benchmarks.bench_decode", "--device", settings.device, *settings.decode.split()
     )
     outcome = run(command, limit, report, echo=True, env=env)
     report.line(f"-- decoding: {outcome.describe()}")
@@ -414,7 +414,7 @@ def strip_log_prefix(line: str) -> str:
 def bench_part(
     settings: Settings, report: Report, name: str, limit: float, title: str, options: str
 ):
-    """A part that runs scripts/bench_train.py with the settings' options and `options`."""
+    """A part that runs benchmarks/bench_train.py with the settings' options and `options`."""
     return Part(name, limit, functools.partial(throughput, settings, report, title, options))
 
 
@@ -482,7 +482,7 @@ def tail(lines: list[str], count: int = 12) -> str:
 # ---- the whole check -----------------------------------------------------------------------------
 def header(report: Report, args, budget: float) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else None
-    report.line("# make gpu-check (scripts/gpu_check.sh): the CUDA path of transformer_mt")
+    report.line("# make gpu-check (benchmarks/gpu_check.sh): the CUDA path of transformer_mt")
     report.line(f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     report.line(f"# code: {code_version()}")
     if device is not None:

@@ -3,7 +3,7 @@ other, to a server on this machine (loopback only), bounded in count and time; t
 server stopped, the library's Translator on the same sentences, one at a time and all at once.
 
     make bench-serve RUN=runs/multi30k_de_en_small
-    .venv/bin/python scripts/bench_serve.py --run runs/x --requests 400 --clients 8
+    .venv/bin/python -m benchmarks.bench_serve --run runs/x --requests 400 --clients 8
 
 Reported: requests/s, p50 / p95 latency of the server; sentences/s of the library. Decoding is
 the run's default (beam 4, length penalty 0.6) in both.
@@ -25,8 +25,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from browser_check import free_port, start_server
-
+from benchmarks.browser_check import free_port, start_server
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.run_dir import RunDir
 

@@ -2,7 +2,7 @@
 onednn.py, trainer.cpu_linear), and what the row count a weight is reordered for does to
 oneDNN's product (benchmarks/train_speed.txt quotes both).
 
-    .venv/bin/python scripts/bench_train_kernels.py [--threads 2] [--reps 15]
+    .venv/bin/python -m benchmarks.bench_train_kernels [--threads 2] [--reps 15]
 
 1. At a 4,096-token batch's shapes (4,000 rows; model=small's and model=base's layers and the
    8,000-piece output projection's chunk of 2,097 rows), in GFLOP/s: the forward product
@@ -27,8 +27,8 @@ import time
 
 import torch
 import torch.nn.functional as F
-from bench_decode_kernels import milliseconds  # scripts/, beside this file
 
+from benchmarks.bench_decode_kernels import milliseconds
 from transformer_mt import onednn
 from transformer_mt.device import keep_freed_host_memory
 

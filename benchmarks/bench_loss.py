@@ -1,8 +1,8 @@
 """The training loss alone, the plain form against the chunked one: time and peak memory of
 forward + backward, and whether they compute the same values.
 
-    python scripts/bench_loss.py                        # 37,000 pieces, a 16,384-token batch
-    python scripts/bench_loss.py --vocab 8000 --tokens 4096 --repeats 5
+    python -m benchmarks.bench_loss                        # 37,000 pieces, a 16,384-token batch
+    python -m benchmarks.bench_loss --vocab 8000 --tokens 4096 --repeats 5
 
 plain: label_smoothed_loss over the logits of F.linear(hidden, weight), what the trainer ran
 before (the (tokens x V) logits, their fp32 log-softmax and its gradient all alive at once).

@@ -38,9 +38,9 @@ on the real (non-padding) tokens. --passes 2 runs the timed steps twice: the sec
 only shapes seen before (as every epoch after the first: cuDNN's attention plans and the caching
 allocator's blocks are cached by shape), and the reports give the last pass, beside the first.
 
-On a GPU (what `make gpu-check` runs, scripts/gpu_check.py):
+On a GPU (what `make gpu-check` runs, benchmarks/gpu_check.py):
 
-    python scripts/bench_train.py --device cuda --data generated --model base --vocab 37000 \
+    python -m benchmarks.bench_train --device cuda --data generated --model base --vocab 37000 \
         --batch-tokens 32768 --update-tokens 25000 --warmup 5 --steps 8 --block 4 --passes 2 \
         [--columns ours-compiled] [--profile]
 
@@ -60,7 +60,7 @@ at NPROC=8 (or 2 nodes x 8): the small micro-batches where kernel launches, not 
 pace.
 
 --profile (GPU or CPU): after the table, ours runs its last timed update again under
-torch.profiler, 3 times after one skipped and one warm-up (scripts/profile_step.py): time by kind
+torch.profiler, 3 times after one skipped and one warm-up (benchmarks/profile_step.py): time by kind
 of kernel or operator, the longest ones, how busy the device was over those updates' wall time,
 and on a GPU the host's operators by their own CPU time.
 """
@@ -81,8 +81,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from profile_step import StepProfile, profile_update  # scripts/, beside this file
 
+from benchmarks.profile_step import StepProfile, profile_update
 from transformer_mt import onednn
 from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainJob, compose_job
 from transformer_mt.data.batching import Batch, collate, plan_batches, token_batches
@@ -807,7 +807,7 @@ def parse_args():
         "--profile",
         action="store_true",
         help="then one more update of ours under torch.profiler: where its time goes "
-        "(scripts/profile_step.py)",
+        "(benchmarks/profile_step.py)",
     )
     parser.add_argument(
         "--marian-eager",

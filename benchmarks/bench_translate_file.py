@@ -1,7 +1,7 @@
 """Translating a file: the `tmt-translate` command against the library's Translator, same lines.
 
     make bench-decode RUN=runs/multi30k_de_en_small       # runs this after bench_decode.py
-    .venv/bin/python scripts/bench_translate_file.py --run runs/x --lines 10000
+    .venv/bin/python -m benchmarks.bench_translate_file --run runs/x --lines 10000
 
 The run's test sentences are repeated up to --lines lines and written to a file. Then, each in a
 process of its own and one after the other:
@@ -80,7 +80,15 @@ def time_library(args, source: Path) -> None:
 def measure_in_child(args, mode: str, source: Path, output: Path) -> dict:
     """Each measurement in a fresh process, so that peak RSS is that system's alone. The
     library's `seconds` is its process's wall time, as the CLI's is (Python's start included)."""
-    command = [sys.executable, __file__, "--run", args.run, "--checkpoint", args.checkpoint]
+    command = [
+        sys.executable,
+        "-m",
+        __spec__.name,
+        "--run",
+        args.run,
+        "--checkpoint",
+        args.checkpoint,
+    ]
     command += ["--threads", str(args.threads), f"--{mode}", str(source), "--output", str(output)]
     started = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, check=True)

@@ -1,7 +1,7 @@
 """Decoding benchmark: beam search speed and BLEU on Multi30k test_2016_flickr, CTranslate2 parity.
 
     make bench-decode RUN=runs/multi30k_de_en_small          # a model trained on Multi30k
-    .venv/bin/python scripts/bench_decode.py --run runs/x --reference-sentences 1000
+    .venv/bin/python -m benchmarks.bench_decode --run runs/x --reference-sentences 1000
 
 With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source length + 50) on
 --threads CPU threads, the same source sentences go through:
@@ -30,11 +30,11 @@ greedy outputs of ours and of CTranslate2 float32, token for token, and their BL
 --sentences N: the first N test sentences only (a quick check that the script runs:
 `--sentences 20 --reference-sentences 2 --rounds 1`).
 
-Without a trained model (what `make gpu-check` runs, scripts/gpu_check.py):
+Without a trained model (what `make gpu-check` runs, benchmarks/gpu_check.py):
 
-    python scripts/bench_decode.py --generated 3000 --model base --device cuda
+    python -m benchmarks.bench_decode --generated 3000 --model base --device cuda
 
-times the same beam search on generated sentences of WMT14 length (scripts/bench_train.py's
+times the same beam search on generated sentences of WMT14 length (benchmarks/bench_train.py's
 generator) with a random-weight model of the --model preset: ours in float32 (TF32 matmuls on a
 GPU), under bf16 autocast on a GPU (decode.precision=bf16) and with int8 weights on the CPU
 (decode.quantize=int8), against CTranslate2 float32 and float16 (int8 on the CPU), all in one
@@ -119,7 +119,15 @@ def interleaved(systems: list[str], args, sources: list[str], folder: Path) -> d
     rounds: dict[str, list[float]] = {name: [] for name in systems}
     for _ in range(args.rounds):
         for name in systems:
-            command = [sys.executable, __file__, "--run", args.run, "--checkpoint", args.checkpoint]
+            command = [
+                sys.executable,
+                "-m",
+                __spec__.name,
+                "--run",
+                args.run,
+                "--checkpoint",
+                args.checkpoint,
+            ]
             command += ["--threads", str(args.threads), "--time-one", name, "--export", str(folder)]
             command += ["--sentences", str(args.sentences)]
             done = subprocess.run(command, capture_output=True, text=True, check=True)
@@ -359,7 +367,7 @@ def verdict(met: bool) -> str:
 # ---- --generated: random weights, generated sources, on any device ------------------------------
 def benchmark_generated(args, folder: Path) -> None:
     """Beam search sentences/s on generated sources: ours and CTranslate2 on args.device."""
-    from bench_train import GeneratedVocabulary, generated_pairs  # scripts/, beside this file
+    from benchmarks.bench_train import GeneratedVocabulary, generated_pairs
 
     device = torch.device(args.device)
     torch.manual_seed(1)
