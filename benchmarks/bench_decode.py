@@ -64,6 +64,7 @@ from types import SimpleNamespace
 
 import torch
 
+from benchmarks.reference_search import reference_beam_search
 from transformer_mt.config import (
     CpuLinear,
     DecodeConfig,
@@ -82,9 +83,6 @@ from transformer_mt.export.ctranslate2 import export_model
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decode"))
-from reference_search import reference_beam_search  # noqa: E402  (the tests' reference)
 
 PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
 OURS = "(a) ours (Translator, KV cache)"
