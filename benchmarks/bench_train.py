@@ -18,12 +18,13 @@ removes them). Its parameter count is printed next to ours (they are equal; Mari
 `final_logits_bias` is a frozen buffer and its positions a frozen table, neither trained).
 
 How they share the machine: each model lives in its own spawned process (a fresh interpreter, so
-`ru_maxrss` is that model's alone), holding `--threads` intra-op threads and, on the CPU, keeping
-freed memory in its heap as tmt-train's process does (device.keep_freed_host_memory: without it
-the plain loss's large blocks are mapped and zeroed afresh at every step). The parent runs them one
-at a time, never together: first `--warmup` untimed steps each, then blocks of `--block` timed
-steps (1 by default: step by step), alternating ABBA (ours-Marian, Marian-ours, ...) so that
-machine noise and any drift over the run fall on both alike. Each process times its own steps.
+its peak RSS is that model's alone; benchmarks/measure.py), holding `--threads` intra-op threads
+and, on the CPU, keeping freed memory in its heap as tmt-train's process does
+(device.keep_freed_host_memory: without it the plain loss's large blocks are mapped and zeroed
+afresh at every step). The parent runs them one at a time, never together: first `--warmup`
+untimed steps each, then blocks of `--block` timed steps (1 by default: step by step),
+alternating ABBA (ours-Marian, Marian-ours, ...) so that machine noise and any drift over the run
+fall on both alike. Each process times its own steps.
 Besides the overall ratio, the median (and quartiles) of the per-block ratios is printed: both
 models ran the same batches in a block, so each is a time ratio, and the median shrugs off a load
 spike in one block. The machine's load average is printed: other work on the cores lowers both.
@@ -70,18 +71,27 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import multiprocessing as mp
 import os
-import resource
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from benchmarks.measure import (
+    abba_order,
+    fastest_seconds,
+    peak_rss_mib,
+    report_header,
+    spawned,
+    synchronize,
+    training_dtype,
+    training_forward,
+)
 from benchmarks.profile_step import StepProfile, profile_update
 from transformer_mt import onednn
 from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainJob, compose_job
@@ -89,7 +99,7 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer_mt.device import autocast_dtype, autocast_for, keep_freed_host_memory
+from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import Dropout, count_parameters
@@ -116,11 +126,6 @@ ONEDNN_PRODUCT = "oneDNN (weight reordered)"
 # has 4.5M; 120,000 left the batches sparse (11.8% padding at 25,000 tokens against 2.5% on
 # WMT): a million or two give WMT's padding. Pieces are drawn only for the batches timed.
 GENERATED_PAIRS = 2_000_000
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ---- generated WMT-like data -------------------------------------------------------------------
@@ -284,7 +289,7 @@ class MarianRunner:
         loss_sum = torch.zeros((), device=self.device)
         for batch in batches:
             batch = batch.to(self.device)
-            with autocast_for(self.device, self.cfg.trainer.precision):
+            with training_forward(self.cfg.trainer, self.device):
                 logits = self.forward(
                     input_ids=batch.src,
                     attention_mask=batch.src != PAD_ID,
@@ -337,19 +342,18 @@ def worker(
     else:
         attention = "eager" if kind == MARIAN_EAGER else "sdpa"
         runner = MarianRunner(job, vocab_size, device, attention)
-    setup_mb, setup_gib = peak_rss_mb(), gpu_memory_gib(device)
+    setup_mb, setup_gib = peak_rss_mib(), gpu_memory_gib(device)
     conn.send({"label": runner.label, "parameters": count_parameters(runner.model)})
     while (indices := conn.recv()) is not None:
         started = time.perf_counter()
         losses = [runner.step(steps[i]) for i in indices]
         losses = [float(loss) for loss in losses]  # waits for the device
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         conn.send({"seconds": time.perf_counter() - started, "losses": losses})
     conn.send(
         {
             "setup_mb": setup_mb,
-            "peak_mb": peak_rss_mb(),
+            "peak_mb": peak_rss_mib(),
             "gpu_setup_gib": setup_gib,
             "gpu_peak_gib": gpu_memory_gib(device),
         }
@@ -390,7 +394,7 @@ class Column:
     last is the one reported first: every shape in it has been seen before)."""
 
     kind: str
-    process: mp.process.BaseProcess
+    process: BaseProcess
     conn: object
     info: dict
     update_flops: list[Flops]  # of the updates as this column runs them (rounded up, compiled)
@@ -410,18 +414,10 @@ class Column:
 
 
 def start(kind: str, job: TrainJob, data, vocab_size: int, steps, args) -> Column:
-    context = mp.get_context("spawn")
-    parent_end, child_end = context.Pipe()
     device = torch.device(args.device)
-    process = context.Process(
-        target=worker,
-        args=(kind, job, data, vocab_size, steps, args.threads, device, child_end),
-        daemon=True,
-    )
-    process.start()
-    child_end.close()  # so that recv() raises EOFError if the worker dies
+    process, conn = spawned(worker, kind, job, data, vocab_size, steps, args.threads, device)
     flops = [update_flops(job.model, vocab_size, step, PAD_ID) for step in steps]
-    return Column(kind, process, parent_end, info={}, update_flops=flops)
+    return Column(kind, process, conn, info={}, update_flops=flops)
 
 
 def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
@@ -436,7 +432,7 @@ def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
         for column in columns:
             column.passes.append(Timing())
         for number, block in enumerate(blocks):
-            for column in columns if number % 2 == 0 else columns[::-1]:
+            for column in abba_order(columns, number):
                 result = column.ask(block)
                 timing = column.timed
                 timing.block_seconds.append(result["seconds"])
@@ -572,24 +568,9 @@ def product_rates(
     flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for w in weights)
     rounds = 5 if device.type == "cpu" else 50
     return {
-        name: flops / sum(fastest_call(call, rounds, device) for call in calls)
+        name: flops / sum(fastest_seconds(call, rounds, device=device) for call in calls)
         for name, calls in products.items()
     }
-
-
-def fastest_call(call, rounds: int, device: torch.device) -> float:
-    """The shortest time of `rounds` calls of `call`, after one untimed."""
-    call()
-    times = []
-    for _ in range(rounds):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, rates) -> None:
@@ -831,6 +812,7 @@ def parse_args():
 
 def main() -> None:
     args = parse_args()
+    print(*report_header("make bench: training throughput, ours beside Marian"), sep="\n")
     device = torch.device(args.device)
     kinds = chosen_columns(args)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -870,7 +852,7 @@ def main() -> None:
             rates = product_rates(job.model, vocab_size, args.batch_tokens, args.threads)
             report(columns, args, vocab_size, len(steps) - args.warmup, loads, rates)
         else:
-            dtype = autocast_dtype(device, job.trainer.precision) or torch.float32
+            dtype = training_dtype(job.trainer, device)
             tokens = max_padded(steps[args.warmup :])
             rates = product_rates(
                 job.model, vocab_size, tokens, args.threads, device, dtype, with_onednn=False

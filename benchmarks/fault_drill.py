@@ -32,7 +32,6 @@ lands, so the kill table differs between machines and runs; the verdict must not
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import random
@@ -48,6 +47,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.measure import report_header, signal_group, start_group
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.checkpoint.folder import STEP_FILE
 from transformer_mt.errors import CheckpointError
@@ -162,20 +162,13 @@ def temporary_files(folder: Path) -> set[tuple[str, int, int]]:
 def start(code: str, overrides: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
     """The command in its own process group (so a kill reaches its DataLoader workers too)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-c", code, *overrides]
     with log_path.open("w") as log:
-        return subprocess.Popen(
-            [sys.executable, "-c", code, *overrides],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
+        return start_group(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
 
 def kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        os.killpg(process.pid, signal.SIGKILL)
+    signal_group(process, signal.SIGKILL)
     process.wait()
 
 
@@ -489,9 +482,10 @@ def main() -> None:
     if paths["reference"].exists() or paths["drill"].exists():
         sys.exit(f"{workdir} already holds runs: give an empty or new --workdir")
     paths["logs"].mkdir(parents=True, exist_ok=True)
+    print(*report_header("make fault-drill: SIGKILLs of a toy training run"), sep="\n")
     print(
         f"fault drill: {args.kills} kills, seed {args.seed}, {args.steps} updates, checkpoint "
-        f"every {args.checkpoint_every}; torch {torch.__version__}; work folder {workdir}"
+        f"every {args.checkpoint_every}; work folder {workdir}"
     )
     began = time.monotonic()
     log_path = paths["logs"] / "prepare.log"

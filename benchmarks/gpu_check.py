@@ -51,14 +51,12 @@ before the one run a lent GPU allows.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import importlib.util
 import os
 import platform
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -69,6 +67,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from benchmarks.measure import report_header, run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 3  # --probe's exit status without a GPU; gpu_check.sh turns it into 0
@@ -140,7 +140,7 @@ class Report:
 
 @dataclass
 class Outcome:
-    """What a command did: exit status (None: killed at its limit), seconds, output lines."""
+    """What a part did: exit status (None: killed at its limit), seconds, output lines."""
 
     status: int | None
     seconds: float
@@ -160,59 +160,17 @@ class Outcome:
 def run(
     command: list[str], limit: float, report: Report, *, echo: bool, env: dict | None = None
 ) -> Outcome:
-    """Run `command` in its own process group; its stdout goes to the report as it comes when
-    `echo`, both streams to the log; the group is stopped after `limit` seconds."""
+    """Run `command` in its own process group, stopped after `limit` seconds (run_command); its
+    stdout goes to the report as it comes when `echo`, both streams to the log."""
     report.logged(f"$ {' '.join(command)}  (limit {limit:.0f} s)")
-    started = time.monotonic()
-    process = subprocess.Popen(
+    done = run_command(
         command,
-        cwd=ROOT,
+        limit=max(limit, 1.0),
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own group: the limit ends its workers too
+        on_stdout=report.line if echo else report.logged,
+        on_stderr=report.logged,
     )
-    outcome = Outcome(None, 0.0)
-
-    def read(stream, lines: list[str], to_report: bool) -> None:
-        for raw in stream:
-            text = raw.rstrip("\n")
-            lines.append(text)
-            if to_report:
-                report.line(text)
-            else:
-                report.logged(text)
-
-    readers = [
-        threading.Thread(target=read, args=(process.stdout, outcome.stdout, echo)),
-        threading.Thread(target=read, args=(process.stderr, outcome.stderr, False)),
-    ]
-    for reader in readers:
-        reader.start()
-    try:
-        outcome.status = process.wait(timeout=max(limit, 1.0))
-    except subprocess.TimeoutExpired:
-        stop_group(process)
-    for reader in readers:
-        reader.join()
-    outcome.seconds = time.monotonic() - started
-    return outcome
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the command's process group (the trainer writes a checkpoint and stops), then
-    SIGKILL to what is left after 10 s."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    return Outcome(done.status, done.seconds, done.stdout, done.stderr)
 
 
 class Budget:
@@ -482,12 +440,14 @@ def tail(lines: list[str], count: int = 12) -> str:
 # ---- the whole check -----------------------------------------------------------------------------
 def header(report: Report, args, budget: float) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else None
-    report.line("# make gpu-check (benchmarks/gpu_check.sh): the CUDA path of transformer_mt")
-    report.line(f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    title = "make gpu-check (benchmarks/gpu_check.sh): the CUDA path of transformer_mt"
+    for line in report_header(title):
+        report.line(line)
     report.line(f"# code: {code_version()}")
     if device is not None:
         props = torch.cuda.get_device_properties(device)
-        smi = nvidia_smi("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+        query = ("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+        smi = nvidia_smi(*query)
         report.line(
             f"# GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
             f"{props.major}.{props.minor}, {props.multi_processor_count} SMs; nvidia-smi: "
@@ -498,16 +458,13 @@ def header(report: Report, args, budget: float) -> None:
         except (AttributeError, RuntimeError):
             nccl = "-"
         report.line(
-            f"# torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN "
-            f"{torch.backends.cudnn.version()}, NCCL {nccl}); Python {platform.python_version()}"
+            f"# torch's CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, NCCL "
+            f"{nccl}; Python {platform.python_version()}"
         )
     else:
-        report.line(f"# a CPU rehearsal, no GPU: torch {torch.__version__}")
+        report.line("# a CPU rehearsal, no GPU")
     versions = [f"{name} {package_version(name)}" for name in ("transformers", "ctranslate2")]
-    report.line(
-        f"# {'; '.join(versions)}; {os.cpu_count()} CPUs; parts: {args.parts}, budget "
-        f"{budget:.0f} s"
-    )
+    report.line(f"# {'; '.join(versions)}; parts: {args.parts}, budget {budget:.0f} s")
     if device is not None:
         from transformer_mt.train.flops import peak_flops
 

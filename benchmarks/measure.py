@@ -1,0 +1,248 @@
+"""What every benchmark measures with, written once:
+
+- timers: `seconds_of` times calls; `median_seconds` (what a call usually costs),
+  `fastest_seconds` (what it costs when the machine leaves it alone), `kernel_milliseconds`;
+- peak memory: `peak_rss_mib`, getrusage's ru_maxrss, of this process or of a finished child
+  (`run_command` reads each child's own with os.wait4): the one way a peak RSS is measured;
+- child processes: `spawned` / `in_fresh_process` run a function of ours in a fresh interpreter
+  (spawn: nothing inherited, so its memory is its own); `run_command` runs a command in a process
+  group of its own within a time limit; `start_group` / `signal_group` for a caller that stops one
+  at moments of its own choosing (the fault drill);
+- `abba_order`: the order of the systems compared at each turn;
+- `report_header`: the lines that head a report (the command, the date, the machine, torch);
+- `training_forward` / `training_dtype`: the contexts and the dtype of the trainer's forward, the
+  one place the benchmarks enter them (autocast, the SDPA kernels, oneDNN's products).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import multiprocessing as mp
+import os
+import platform
+import resource
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import torch
+
+if TYPE_CHECKING:
+    from transformer_mt.config import TrainerConfig
+
+T = TypeVar("T")
+
+
+# ---- timers ------------------------------------------------------------------------------------
+def synchronize(device: torch.device | None) -> None:
+    """Wait for the GPU's queued kernels (nothing to wait for on the CPU)."""
+    if device is not None and device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def seconds_of(
+    call: Callable[[], object], rounds: int, *, warmups: int = 1, device: torch.device | None = None
+) -> list[float]:
+    """The seconds of `rounds` calls of `call`, after `warmups` untimed ones; on a GPU (`device`)
+    each from the device's last kernel before the call to the call's own last kernel."""
+    for _ in range(warmups):
+        call()
+    times = []
+    for _ in range(rounds):
+        synchronize(device)
+        started = time.perf_counter()
+        call()
+        synchronize(device)
+        times.append(time.perf_counter() - started)
+    return times
+
+
+def median_seconds(call: Callable[[], object], rounds: int, **options) -> float:
+    return statistics.median(seconds_of(call, rounds, **options))
+
+
+def fastest_seconds(call: Callable[[], object], rounds: int, **options) -> float:
+    """The shortest of the rounds: a round the machine slowed says nothing of the call."""
+    return min(seconds_of(call, rounds, **options))
+
+
+def kernel_milliseconds(reps: int, function: Callable, *args, **kwargs) -> float:
+    """The median milliseconds of function(*args, **kwargs) over `reps` calls after two warm-up
+    calls (the first calls allocate and choose kernels)."""
+    return 1e3 * median_seconds(functools.partial(function, *args, **kwargs), reps, warmups=2)
+
+
+# ---- peak memory -------------------------------------------------------------------------------
+def peak_rss_mib(usage: resource.struct_rusage | None = None) -> float:
+    """The peak resident set size, in MiB, of `usage` (os.wait4's for a child; None: this
+    process's so far). ru_maxrss is in KiB on Linux, in bytes on macOS."""
+    usage = usage or resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+
+
+# ---- child processes ---------------------------------------------------------------------------
+def spawned(target: Callable, *args) -> tuple[BaseProcess, Connection]:
+    """target(*args, connection) started in a fresh interpreter, and this end of the pipe to it.
+    Daemonic: it ends with this process, and may start no processes of its own. Once it has
+    died, recv() on this end raises EOFError instead of waiting."""
+    context = mp.get_context("spawn")
+    ours, theirs = context.Pipe()
+    process = context.Process(target=target, args=(*args, theirs), daemon=True)
+    process.start()
+    theirs.close()
+    return process, ours
+
+
+def in_fresh_process(function: Callable[..., T], *args) -> T:
+    """function(*args)'s value, computed in a fresh interpreter (`spawned`)."""
+    process, connection = spawned(send_value, function, *args)
+    try:
+        return connection.recv()
+    except EOFError:
+        name = function.__name__
+        raise RuntimeError(f"{name} died in its own process (its traceback is above)") from None
+    finally:
+        process.join()
+
+
+def send_value(function: Callable, *args) -> None:
+    """In the child of `in_fresh_process`: send function(*args) back (the pipe's end comes last)."""
+    *args, connection = args
+    connection.send(function(*args))
+
+
+def start_group(command: list[str], **popen) -> subprocess.Popen:
+    """`command` started in a process group of its own, so that a signal to the group reaches
+    every process it starts (DataLoader workers, compile workers) and none of ours."""
+    return subprocess.Popen(command, start_new_session=True, **popen)
+
+
+def signal_group(process: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+        os.killpg(process.pid, sig)
+
+
+STOP_GRACE = 10.0
+"""Seconds between SIGTERM and SIGKILL for a command at its limit."""
+
+
+@dataclass
+class Finished:
+    """What a command did."""
+
+    status: int | None  # its exit status; None: stopped at its limit
+    seconds: float
+    peak_rss_mib: float  # of its largest process: itself or a child it waited for
+    stdout: list[str] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+
+
+def run_command(
+    command: list[str],
+    *,
+    limit: float | None = None,
+    env: dict | None = None,
+    on_stdout: Callable[[str], None] | None = None,
+    on_stderr: Callable[[str], None] | None = None,
+) -> Finished:
+    """`command` in a process group of its own; the lines of its output collected, and each
+    handed to on_stdout / on_stderr as it comes. After `limit` seconds the group gets SIGTERM
+    (the trainer saves a checkpoint and stops), STOP_GRACE seconds later SIGKILL."""
+    started = time.perf_counter()
+    process = start_group(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    finished = Finished(None, 0.0, 0.0)
+    readers = [
+        threading.Thread(target=read_lines, args=(process.stdout, finished.stdout, on_stdout)),
+        threading.Thread(target=read_lines, args=(process.stderr, finished.stderr, on_stderr)),
+    ]
+    stopped = threading.Event()
+
+    def stop(sig: int) -> None:
+        stopped.set()
+        signal_group(process, sig)
+
+    stops = [
+        threading.Timer(limit, stop, (signal.SIGTERM,)),
+        threading.Timer(limit + STOP_GRACE, stop, (signal.SIGKILL,)),
+    ] if limit is not None else []  # fmt: skip
+    for thread in [*readers, *stops]:
+        thread.start()
+    _, status, usage = os.wait4(process.pid, 0)  # its own peak RSS, which Popen.wait discards
+    for stop_timer in stops:
+        stop_timer.cancel()
+    process.returncode = os.waitstatus_to_exitcode(status)
+    for reader in readers:
+        reader.join()
+    finished.seconds = time.perf_counter() - started
+    finished.status = None if stopped.is_set() else process.returncode
+    finished.peak_rss_mib = peak_rss_mib(usage)
+    return finished
+
+
+def read_lines(stream, lines: list[str], each: Callable[[str], None] | None) -> None:
+    for raw in stream:
+        lines.append(raw.rstrip("\n"))
+        if each is not None:
+            each(lines[-1])
+
+
+# ---- order and report --------------------------------------------------------------------------
+def abba_order(items: Sequence[T], turn: int) -> list[T]:
+    """`items` in their order at even turns, reversed at odd ones (A B, B A, A B, ...): each runs
+    first as often as last, so that the machine's drift over a run falls on all alike."""
+    return list(items) if turn % 2 == 0 else list(reversed(items))
+
+
+def report_header(title: str) -> list[str]:
+    """The lines that head a report: what it is, the command that printed it, the date, the
+    machine (its load when the command started: the machines are shared) and torch."""
+    python, *arguments = sys.orig_argv
+    return [
+        f"# {title}",
+        f"# command: {shlex.join([Path(python).name, *arguments])}",
+        f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
+        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible; "
+        f"torch {torch.__version__}; load average at start {os.getloadavg()[0]:.2f}",
+    ]
+
+
+# ---- the trainer's forward ---------------------------------------------------------------------
+# The two functions below import the library's device modules when called, not with this module:
+# gpu_check imports it on a GPU machine that may lack hydra (which transformer_mt.config needs),
+# to say which packages are missing.
+@contextlib.contextmanager
+def training_forward(trainer: TrainerConfig, device: torch.device) -> Iterator[None]:
+    """Inside: the contexts of the trainer's forward (Trainer.forward_backward), autocast by
+    trainer.precision, the attention kernels of trainer.sdpa_backends, oneDNN's products with
+    trainer.cpu_linear=onednn. The benchmarks enter these contexts here alone."""
+    from transformer_mt.config import CpuLinear
+    from transformer_mt.device import attention_kernels, autocast_for
+    from transformer_mt.onednn import products_by_onednn
+
+    with (
+        autocast_for(device, trainer.precision),
+        attention_kernels(trainer.sdpa_backends),
+        products_by_onednn(trainer.cpu_linear == CpuLinear.onednn),
+    ):
+        yield
+
+
+def training_dtype(trainer: TrainerConfig, device: torch.device) -> torch.dtype:
+    """The dtype of the trainer's products: autocast's, else float32."""
+    from transformer_mt.device import autocast_dtype
+
+    return autocast_dtype(device, trainer.precision) or torch.float32
