@@ -6,9 +6,10 @@
     make bench ARGS="--no-marian"               # our model only
 
 Both models train on the identical collated batches (token-budget batches of the training split,
-in the same order) with the same update: label_smoothed_loss summed over the target tokens and
-divided by their number, fused AdamW (the config's betas, eps, weight decay) under the paper's
-schedule, the same gradient-norm clipping. Ours goes through Trainer.train_step; Marian gets
+in the same order) with the same update: the loss summed over the target tokens and divided by
+their number, fused AdamW (the config's betas, eps, weight decay) under the paper's schedule, the
+same gradient-norm clipping. Ours goes through Trainer.train_step; Marian (MarianRunner says why
+it cannot) through a copy of its update, with label_smoothed_loss over its logits, and gets
 input_ids = src, decoder_input_ids = tgt_in and keep masks (id != pad) for both sides. Marian is
 configured to match: same d_model, heads, d_ff, layers, shared vocabulary and pad id, dropout,
 attention dropout, ReLU, static sinusoidal positions, one embedding matrix for encoder, decoder
@@ -70,7 +71,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
 import os
 import statistics
 import tempfile
@@ -248,7 +248,18 @@ def drop_attention_biases(marian: torch.nn.Module) -> None:
 
 
 class MarianRunner:
-    """transformers' MarianMTModel with Trainer.train_step's update, step for step."""
+    """transformers' MarianMTModel under the trainer's update. Not through Trainer.train_step: a
+    Trainer builds its own model (our Transformer, from the run's record) with its optimizer and
+    schedule over that model's parameters, and takes no other model; re-wired after construction
+    to train Marian, it would leave our model's weights in this process (counted in the peak RSS
+    and GPU memory reported for Marian). And a micro-batch of the trainer runs TrainingLoss, which
+    projects our decoder's hidden states through our tied embedding, where Marian gives logits
+    (its lm_head and final_logits_bias). So the update is Trainer.train_step's, step for step, on
+    one rank without a loss scaler (no fp16 here): the forward in the trainer's contexts
+    (measure.training_forward), label_smoothed_loss summed and divided once by the update's target
+    tokens, then `update`. Shared with the trainer: those contexts, label_smoothed_loss,
+    paper_schedule and compile_setting. Copied from it (trainer.py): the optimizer's settings and
+    the update after the backward passes, until the trainer's update is a function of its own."""
 
     def __init__(
         self, job: TrainJob, vocab_size: int, device: torch.device, attention: str = "sdpa"
@@ -302,12 +313,26 @@ class MarianRunner:
             )
             (sums.loss / total_tokens).backward()
             loss_sum += sums.loss.detach()
+        self.update()
+        return loss_sum / total_tokens
+
+    def update(self) -> None:
+        """Trainer.train_step's update after the backward passes: the gradients' norm, clipped to
+        optim.clip_norm where it is set (else only measured: clipping to an infinite norm would
+        still multiply every gradient by 1), fused AdamW told on the device to skip a non-finite
+        update (no host sync), the schedule's step, the gradients dropped."""
         clip = self.cfg.optim.clip_norm
-        torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else math.inf)
+        if clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        else:
+            norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in self.params if p.grad is not None]
+            )
+        self.optimizer.found_inf = (~torch.isfinite(norm)).to(torch.float32)
         self.optimizer.step()
+        del self.optimizer.found_inf
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum / total_tokens
 
 
 # ---- one process per model -----------------------------------------------------------------------
