@@ -56,7 +56,6 @@ import importlib.util
 import os
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,6 +68,7 @@ from pathlib import Path
 import torch
 
 from benchmarks.measure import report_header, run_command
+from transformer_mt.torch_builds import nvidia_smi
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 3  # --probe's exit status without a GPU; gpu_check.sh turns it into 0
@@ -84,7 +84,7 @@ def probe() -> int:
     that this torch cannot use, a set-up to fix rather than a machine to skip)."""
     if torch.cuda.is_available():
         return 0
-    listed = nvidia_smi("-L")
+    listed = nvidia_smi("-L") or ""
     gpus = [line for line in listed.splitlines() if line.startswith("GPU ")]
     if gpus:
         print(
@@ -99,18 +99,6 @@ def probe() -> int:
         f"{torch.__version__}, {build}); nothing to measure"
     )
     return NO_GPU
-
-
-def nvidia_smi(*arguments: str) -> str:
-    if shutil.which("nvidia-smi") is None:
-        return ""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", *arguments], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip()
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -447,7 +435,7 @@ def header(report: Report, args, budget: float) -> None:
     if device is not None:
         props = torch.cuda.get_device_properties(device)
         query = ("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
-        smi = nvidia_smi(*query)
+        smi = (nvidia_smi(*query) or "").strip()
         report.line(
             f"# GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
             f"{props.major}.{props.minor}, {props.multi_processor_count} SMs; nvidia-smi: "
