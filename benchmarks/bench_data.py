@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.measure import report_header
+from benchmarks.measure import report_header, status_kib
 from transformer_mt.config import DataConfig, SourceKind
 from transformer_mt.data.batching import token_batches
 
@@ -62,24 +62,15 @@ def write_corpus(folder: Path, pairs: int, seed: int = 1) -> None:
                 )
 
 
-def memory_kib(pid: int | str, keys: tuple[str, ...]) -> dict[str, int]:
-    """Fields of /proc/PID/status in KiB (VmRSS: resident now; RssAnon: private; RssFile: file
-    pages such as the page cache's)."""
-    with open(f"/proc/{pid}/status") as status:
-        return {
-            line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith(keys)
-        }
-
-
 def tree_rss_mb(pid: int) -> float:
     """RSS of a process and all its descendants at once, in MB: the sum over the processes that
     run together (preparation's encoding workers beside their parent), which the peak RSS of
-    any one of them (benchmarks/measure.py's) does not give."""
+    any one of them (measure.peak_rss_mib) does not give."""
     total, stack = 0, [pid]
     while stack:
         current = stack.pop()
         try:
-            total += memory_kib(current, ("VmRSS",))["VmRSS"]
+            total += status_kib(current, ("VmRSS",))["VmRSS"]
             with open(f"/proc/{current}/task/{current}/children") as children:
                 stack += [int(c) for c in children.read().split()]
         except (FileNotFoundError, KeyError, ProcessLookupError):
@@ -175,7 +166,7 @@ def padding_share(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
 def memory_mb() -> dict[str, int]:
     """This process's VmRSS, RssAnon and RssFile in MB."""
     return {
-        key: kib // 1024 for key, kib in memory_kib("self", ("VmRSS", "RssAnon", "RssFile")).items()
+        key: kib // 1024 for key, kib in status_kib("self", ("VmRSS", "RssAnon", "RssFile")).items()
     }
 
 

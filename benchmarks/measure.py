@@ -2,8 +2,9 @@
 
 - timers: `seconds_of` times calls; `median_seconds` (what a call usually costs),
   `fastest_seconds` (what it costs when the machine leaves it alone), `kernel_milliseconds`;
-- peak memory: `peak_rss_mib`, getrusage's ru_maxrss, of this process or of a finished child
-  (`run_command` reads each child's own with os.wait4): the one way a peak RSS is measured;
+- peak memory: `peak_rss_mib`, VmHWM, the high-water mark of a process's own resident memory
+  (`status_kib` reads /proc): the one way a peak RSS is measured, in a process or, sampled, of a
+  command (`run_command`);
 - child processes: `spawned` / `in_fresh_process` run a function of ours in a fresh interpreter
   (spawn: nothing inherited, so its memory is its own); `run_command` runs a command in a process
   group of its own within a time limit; `start_group` / `signal_group` for a caller that stops one
@@ -22,7 +23,6 @@ import functools
 import multiprocessing as mp
 import os
 import platform
-import resource
 import shlex
 import signal
 import statistics
@@ -85,11 +85,21 @@ def kernel_milliseconds(reps: int, function: Callable, *args, **kwargs) -> float
 
 
 # ---- peak memory -------------------------------------------------------------------------------
-def peak_rss_mib(usage: resource.struct_rusage | None = None) -> float:
-    """The peak resident set size, in MiB, of `usage` (os.wait4's for a child; None: this
-    process's so far). ru_maxrss is in KiB on Linux, in bytes on macOS."""
-    usage = usage or resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+def status_kib(pid: int | str, keys: tuple[str, ...]) -> dict[str, int]:
+    """Fields of Linux's /proc/PID/status, in KiB, of those the process has (a process that has
+    exited has none): VmHWM (the peak resident set), VmRSS (resident now), RssAnon (private),
+    RssFile (file pages, such as the page cache's)."""
+    with open(f"/proc/{pid}/status") as status:
+        return {
+            line.split(":")[0]: int(line.split()[1]) for line in status if line.startswith(keys)
+        }
+
+
+def peak_rss_mib(pid: int | str = "self") -> float:
+    """A process's peak resident set size in MiB: VmHWM, the high-water mark of its own memory.
+    Not getrusage's ru_maxrss: in a process started by exec (a spawned worker, a command) that is
+    at least its parent's peak when it started, which a benchmark's parent can exceed."""
+    return status_kib(pid, ("VmHWM",))["VmHWM"] / 1024
 
 
 # ---- child processes ---------------------------------------------------------------------------
@@ -134,8 +144,20 @@ def signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
 
 
-STOP_GRACE = 10.0
-"""Seconds between SIGTERM and SIGKILL for a command at its limit."""
+def stop_group(process: subprocess.Popen, grace: float = 10.0) -> None:
+    """SIGTERM to the command's process group (the trainer saves a checkpoint and stops), then
+    SIGKILL to what is left after `grace` seconds."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        signal_group(process, sig)
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+PEAK_SAMPLE = 0.1
+"""Seconds between two readings of a command's peak RSS."""
 
 
 @dataclass
@@ -144,7 +166,7 @@ class Finished:
 
     status: int | None  # its exit status; None: stopped at its limit
     seconds: float
-    peak_rss_mib: float  # of its largest process: itself or a child it waited for
+    peak_rss_mib: float = 0.0  # its own (not its children's), read every PEAK_SAMPLE seconds
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
 
@@ -157,40 +179,41 @@ def run_command(
     on_stdout: Callable[[str], None] | None = None,
     on_stderr: Callable[[str], None] | None = None,
 ) -> Finished:
-    """`command` in a process group of its own; the lines of its output collected, and each
-    handed to on_stdout / on_stderr as it comes. After `limit` seconds the group gets SIGTERM
-    (the trainer saves a checkpoint and stops), STOP_GRACE seconds later SIGKILL."""
+    """`command` in a process group of its own, stopped (`stop_group`) after `limit` seconds;
+    the lines of its output collected, and each handed to on_stdout / on_stderr as it comes. Its
+    peak RSS is read while it runs: VmHWM only rises, so a reading misses only what the command's
+    last PEAK_SAMPLE seconds added."""
     started = time.perf_counter()
     process = start_group(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    finished = Finished(None, 0.0, 0.0)
-    readers = [
+    finished, ended = Finished(None, 0.0), threading.Event()
+    threads = [
         threading.Thread(target=read_lines, args=(process.stdout, finished.stdout, on_stdout)),
         threading.Thread(target=read_lines, args=(process.stderr, finished.stderr, on_stderr)),
+        threading.Thread(target=read_peak, args=(process.pid, ended, finished)),
     ]
-    stopped = threading.Event()
-
-    def stop(sig: int) -> None:
-        stopped.set()
-        signal_group(process, sig)
-
-    stops = [
-        threading.Timer(limit, stop, (signal.SIGTERM,)),
-        threading.Timer(limit + STOP_GRACE, stop, (signal.SIGKILL,)),
-    ] if limit is not None else []  # fmt: skip
-    for thread in [*readers, *stops]:
+    for thread in threads:
         thread.start()
-    _, status, usage = os.wait4(process.pid, 0)  # its own peak RSS, which Popen.wait discards
-    for stop_timer in stops:
-        stop_timer.cancel()
-    process.returncode = os.waitstatus_to_exitcode(status)
-    for reader in readers:
-        reader.join()
+    try:
+        finished.status = process.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        stop_group(process)
+    ended.set()
+    for thread in threads:
+        thread.join()
     finished.seconds = time.perf_counter() - started
-    finished.status = None if stopped.is_set() else process.returncode
-    finished.peak_rss_mib = peak_rss_mib(usage)
     return finished
+
+
+def read_peak(pid: int, ended: threading.Event, finished: Finished) -> None:
+    """Keep finished.peak_rss_mib at the process's VmHWM until `ended` (once it has exited, its
+    /proc entry holds no VmHWM, then none at all)."""
+    while True:
+        with contextlib.suppress(OSError, KeyError):
+            finished.peak_rss_mib = max(finished.peak_rss_mib, peak_rss_mib(pid))
+        if ended.wait(PEAK_SAMPLE):
+            return
 
 
 def read_lines(stream, lines: list[str], each: Callable[[str], None] | None) -> None:

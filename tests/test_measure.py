@@ -1,5 +1,5 @@
 """benchmarks/measure.py, the machinery every benchmark measures with: the ABBA order, a
-command's own peak RSS and time limit, a function run in a fresh process."""
+process's own peak RSS, a command's time limit, a function run in a fresh process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from benchmarks.measure import abba_order, in_fresh_process, run_command
+from benchmarks.measure import abba_order, in_fresh_process, peak_rss_mib, run_command
 
 
 def test_abba_order_puts_each_system_first_as_often_as_last():
@@ -16,13 +16,16 @@ def test_abba_order_puts_each_system_first_as_often_as_last():
     assert orders == [["A", "B"], ["B", "A"], ["A", "B"], ["B", "A"]]
 
 
-def test_each_command_reports_its_own_peak_rss():
-    """os.wait4's figure is the command's alone: a small command after a large one is not given
-    the large one's peak (getrusage's RUSAGE_CHILDREN is the largest child's so far)."""
-    large = run_command([sys.executable, "-c", "block = b'x' * (300 * 2**20)"])
-    small = run_command([sys.executable, "-c", "pass"])
-    assert large.status == small.status == 0
-    assert large.peak_rss_mib > 300 > small.peak_rss_mib
+def test_a_process_peak_rss_is_its_own_not_its_parents():
+    """Read from VmHWM: getrusage's ru_maxrss in a process started by exec (a spawned worker, a
+    command) is at least its parent's peak when it started, here above 400 MiB."""
+    ballast = b"x" * (400 * 2**20)  # this process's peak above 400 MiB
+    hold = "import time; time.sleep(0.5)"  # long enough for a few readings
+    large = run_command([sys.executable, "-c", f"block = b'x' * (300 * 2**20); {hold}"])
+    small = run_command([sys.executable, "-c", hold])
+    assert large.status == small.status == 0 and len(ballast) > 0
+    assert large.peak_rss_mib > 300 > small.peak_rss_mib > 0, (large, small)
+    assert 0 < in_fresh_process(peak_rss_mib) < 400
 
 
 def test_a_command_past_its_limit_is_stopped_and_said_so():
