@@ -152,9 +152,7 @@ def take_census(folder: CheckpointFolder) -> Census:
 
 def partial_checkpoints(folder: CheckpointFolder) -> list[Path]:
     """The temporary files of checkpoint writes not yet renamed into place (files.replacing's)."""
-    if not folder.path.is_dir():
-        return []
-    partial = folder.path.glob(f".*{PARTIAL_SUFFIX}")
+    partial = folder.path.glob(f".*{PARTIAL_SUFFIX}")  # none where the folder is not (yet)
     return [path for path in partial if is_training_checkpoint(target_of(path))]
 
 
