@@ -86,28 +86,28 @@ test: $(STAMP) ## run the test suite
 
 bench: $(STAMP) ## training throughput: ours vs transformers' Marian (tokens/s, GFLOP/s, memory)
 	@$(BIN)/python -c "import transformers" 2>/dev/null || $(BIN)/pip install --quiet -e ".[hf]" >&2 || true
-	$(BIN)/python scripts/bench_train.py $(ARGS)
+	$(BIN)/python -m benchmarks.bench_train $(ARGS)
 
 bench-serve: $(STAMP) ## tmt-serve under 8 concurrent 1-sentence clients: requests/s, p50/p95 latency, beside the library
-	$(BIN)/python scripts/bench_serve.py $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
+	$(BIN)/python -m benchmarks.bench_serve $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
 
 bench-data: $(STAMP) ## data preparation at WMT scale: pairs/s, peak RSS, padding, shared stores
-	$(BIN)/python scripts/bench_data.py $(ARGS)
+	$(BIN)/python -m benchmarks.bench_data $(ARGS)
 
 bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference, CTranslate2; a step's kernels; tmt-translate on a 10,000-line file (RUN=Multi30k run)
-	$(BIN)/python scripts/bench_decode.py $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
-	$(BIN)/python scripts/bench_decode_kernels.py
-	$(BIN)/python scripts/bench_translate_file.py $(if $(filter command line,$(origin RUN)),--run $(RUN))
+	$(BIN)/python -m benchmarks.bench_decode $(if $(filter command line,$(origin RUN)),--run $(RUN)) $(ARGS)
+	$(BIN)/python -m benchmarks.bench_decode_kernels
+	$(BIN)/python -m benchmarks.bench_translate_file $(if $(filter command line,$(origin RUN)),--run $(RUN))
 
 fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters
-	$(BIN)/python scripts/fault_drill.py $(ARGS)
+	$(BIN)/python -m benchmarks.fault_drill $(ARGS)
 
 gpu-check: $(STAMP) ## the CUDA path on this GPU in 4 min: tests, speed, MFU (ARGS=--parts=extra: the rest)
-	@PYTHON=$(BIN)/python bash scripts/gpu_check.sh $(ARGS)
+	@PYTHON=$(BIN)/python bash benchmarks/gpu_check.sh $(ARGS)
 
 lint: $(STAMP) ## ruff
-	$(BIN)/ruff check transformer_mt tests scripts
-	$(BIN)/ruff format --check transformer_mt tests scripts
+	$(BIN)/ruff check transformer_mt tests benchmarks scripts
+	$(BIN)/ruff format --check transformer_mt tests benchmarks scripts
 
 clean: ## remove the virtual environment and caches (keeps runs/)
 	rm -rf $(VENV) .pytest_cache .ruff_cache

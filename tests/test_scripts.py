@@ -1,10 +1,10 @@
-"""The scripts behind make bench, bench-data, bench-decode, bench-serve, fault-drill and gpu-check
-still run against the library as it is (a change of a library call once broke make bench
-unnoticed): every script's --help, and the cheap ones for real at toy size."""
+"""The benchmarks and drills behind make bench, bench-data, bench-decode, bench-serve, fault-drill
+and gpu-check (the package benchmarks/) and the tools in scripts/ still run against the library as
+it is (a change of a library call once broke make bench unnoticed): every one's --help, and the
+cheap ones for real at toy size."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import subprocess
@@ -16,15 +16,29 @@ import torch
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 
+from benchmarks import profile_step
 from transformer_mt import onednn
 
 ROOT = Path(__file__).resolve().parents[1]
-# The runnable ones; scripts/profile_step.py is a module that bench_train.py imports.
-SCRIPTS = sorted(
-    path
-    for path in (ROOT / "scripts").glob("*.py")
-    if 'if __name__ == "__main__":' in path.read_text()
-)
+
+
+def runnable(folder: str) -> list[Path]:
+    """The files of `folder` that run (the others are modules they import)."""
+    return sorted(
+        path
+        for path in (ROOT / folder).glob("*.py")
+        if 'if __name__ == "__main__":' in path.read_text()
+    )
+
+
+# Each runnable one as python's arguments: a benchmark as a module of the package, a tool as a file.
+COMMANDS = {
+    **{
+        f"benchmarks.{path.stem}": ["-m", f"benchmarks.{path.stem}"]
+        for path in runnable("benchmarks")
+    },
+    **{f"scripts/{path.name}": [str(path)] for path in runnable("scripts")},
+}
 
 
 def run(*command: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -34,11 +48,20 @@ def run(*command: str, timeout: int = 300) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
-def test_every_script_starts(script):
-    done = run(sys.executable, str(script), "--help")
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_benchmark_and_tool_starts(name):
+    done = run(sys.executable, *COMMANDS[name], "--help")
     assert done.returncode == 0, done.stderr
     assert "usage:" in done.stdout
+
+
+def test_the_makefile_runs_the_benchmarks_as_modules_of_the_package():
+    """What make runs of benchmarks/ is among the modules above (so each one's --help is run)
+    and goes through `python -m`, never a path (a path would not import the package)."""
+    makefile = (ROOT / "Makefile").read_text()
+    modules = set(re.findall(r"-m (benchmarks\.\w+)", makefile))
+    assert modules and modules <= COMMANDS.keys(), modules - COMMANDS.keys()
+    assert re.findall(r"benchmarks/\w+\.py", makefile) == []
 
 
 @pytest.mark.slow
@@ -46,7 +69,8 @@ def test_bench_train_runs_ours_and_marian_at_toy_size():
     pytest.importorskip("transformers", reason="the hf extra is not installed")
     done = run(
         sys.executable,
-        "scripts/bench_train.py",
+        "-m",
+        "benchmarks.bench_train",
         *("--data", "toy", "--vocab", "2000", "--model", "tiny", "--steps", "1", "--warmup", "0"),
         "--profile",
     )
@@ -66,7 +90,8 @@ def test_bench_train_runs_ours_and_marian_at_toy_size():
 def test_bench_train_times_the_plain_and_the_chunked_loss_side_by_side():
     done = run(
         sys.executable,
-        "scripts/bench_train.py",
+        "-m",
+        "benchmarks.bench_train",
         *("--data", "toy", "--vocab", "2000", "--model", "tiny", "--steps", "2", "--warmup", "0"),
         *("--columns", "ours-plain,ours"),
     )
@@ -83,7 +108,8 @@ def test_bench_train_times_the_plain_and_the_chunked_loss_side_by_side():
 def test_bench_loss_compares_the_two_forms_at_toy_size():
     done = run(
         sys.executable,
-        "scripts/bench_loss.py",
+        "-m",
+        "benchmarks.bench_loss",
         *("--vocab", "300", "--tokens", "512", "--length", "16", "--d-model", "16"),
         *("--repeats", "1", "--threads", "1"),
     )
@@ -95,7 +121,9 @@ def test_bench_loss_compares_the_two_forms_at_toy_size():
 
 
 def test_bench_decode_kernels_times_each_kernel_beside_the_form_it_replaced():
-    done = run(sys.executable, "scripts/bench_decode_kernels.py", "--reps", "1", "--threads", "1")
+    done = run(
+        sys.executable, "-m", "benchmarks.bench_decode_kernels", "--reps", "1", "--threads", "1"
+    )
     assert done.returncode == 0, done.stderr
     products = re.findall(r"^  \d+ x \(\d+ x \d+\) +[\d.]+ +[\d.]+$", done.stdout, re.M)
     assert len(products) == (7 if onednn.available() else 0)
@@ -103,9 +131,7 @@ def test_bench_decode_kernels_times_each_kernel_beside_the_form_it_replaced():
     assert "F.log_softmax" in done.stdout
 
 
-def test_profile_kinds_name_the_kernels_of_a_gpu_update(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    profile_step = importlib.import_module("profile_step")
+def test_profile_kinds_name_the_kernels_of_a_gpu_update():
     kinds = {
         "nvjet_tst_192x192_64x4_2x1_v_bz_coopA_TNT": "matmul",  # cuBLAS on Hopper
         "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64": "matmul",
@@ -129,20 +155,15 @@ def test_profile_kinds_name_the_kernels_of_a_gpu_update(monkeypatch):
 def test_bench_data_runs_at_toy_size(tmp_path):
     done = run(
         sys.executable,
-        "scripts/bench_data.py",
+        "-m",
+        "benchmarks.bench_data",
         *("--sizes", "3000", "--slice", "1000", "--vocab", "500", "--workdir", str(tmp_path)),
     )
     assert done.returncode == 0, done.stderr
     assert "prepare 3,000 pairs" in done.stdout and "rank 1 of 2 walking" in done.stdout
 
 
-def import_profile_step(monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
-    return importlib.import_module("profile_step")
-
-
-def test_a_kernel_is_counted_once_not_again_under_the_op_that_launched_it(monkeypatch):
-    profile_step = import_profile_step(monkeypatch)
+def test_a_kernel_is_counted_once_not_again_under_the_op_that_launched_it():
     mm = FunctionEvent(0, "aten::mm", thread=0, start_us=0, end_us=10, use_device="cuda")
     mm.append_kernel("sm90_xmma_gemm_bf16", 0, 6)  # the profiler files the kernel under its op
     gemm = FunctionEvent(
@@ -159,8 +180,7 @@ def test_a_kernel_is_counted_once_not_again_under_the_op_that_launched_it(monkey
     assert sum(event.self_device_time_total for event in events) == 6 + 6 + 12
 
 
-def test_a_cpu_profile_is_never_busier_than_its_wall_time(monkeypatch):
-    profile_step = import_profile_step(monkeypatch)
+def test_a_cpu_profile_is_never_busier_than_its_wall_time():
     torch.manual_seed(0)
     layer = torch.nn.Linear(64, 64)
 
@@ -181,7 +201,7 @@ needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU: the 
 
 @needs_no_gpu
 def test_gpu_check_without_a_gpu_says_so_in_one_line():
-    done = run("bash", "scripts/gpu_check.sh", timeout=120)
+    done = run("bash", "benchmarks/gpu_check.sh", timeout=120)
     assert done.returncode == 0, done.stderr
     (line,) = done.stdout.strip().splitlines()
     assert NO_GPU_LINE.fullmatch(line), line
@@ -208,7 +228,7 @@ def test_the_cpu_rehearsal_runs_every_part(tmp_path):
     both tiny here, so each bench_train command runs once: 7 parts, not the GPU's 11)."""
     output = tmp_path / "gpu.txt"
     done = run(
-        "bash", "scripts/gpu_check.sh", "--rehearse-on-cpu", "--parts", "all",
+        "bash", "benchmarks/gpu_check.sh", "--rehearse-on-cpu", "--parts", "all",
         "--output", str(output), "--log", str(tmp_path / "gpu_check.log"), timeout=900,
     )  # fmt: skip
     report = output.read_text()

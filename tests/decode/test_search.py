@@ -7,8 +7,8 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
-from reference_search import reference_beam_search
 
+from benchmarks.reference_search import reference_beam_search
 from transformer_mt.config import DecodeConfig
 from transformer_mt.decode.search import beam_search, greedy_search, length_penalty
 from transformer_mt.model import EncoderOutput, Transformer
@@ -104,7 +104,7 @@ def varied_lengths_batch(vocab: int, seed: int) -> torch.Tensor:
 def test_batched_cached_beam_search_equals_the_no_cache_reference(random_model, seed):
     """Ours (a batch of six sentences, KV cache, finished sentences pruned) gives, for each
     sentence, the output of the tutorial search that reruns the decoder over every beam's whole
-    prefix, one sentence at a time (tests/decode/reference_search.py)."""
+    prefix, one sentence at a time (benchmarks/reference_search.py)."""
     model = random_model(vocab=20, seed=seed, sharpen=2.0, eos_bonus=3.0)
     src = varied_lengths_batch(20, seed)
     decode = DecodeConfig(beam_size=3, length_penalty=0.6, max_len_a=1.0, max_len_b=4)

@@ -1,5 +1,5 @@
 """The CUDA tests (marker `gpu`): collected everywhere, run only where torch sees a GPU
-(`make gpu-check` runs them, scripts/gpu_check.py), skipped elsewhere. In the check's CPU
+(`make gpu-check` runs them, benchmarks/gpu_check.py), skipped elsewhere. In the check's CPU
 rehearsal (GPU_CHECK_REHEARSAL=1, `gpu_check.sh --rehearse-on-cpu`) the tests that take the
 `device` fixture run on the CPU instead: their code path, before the one run a GPU allows."""
 

@@ -2,7 +2,7 @@
 onednn.py, trainer.cpu_linear), and what the row count a weight is reordered for does to
 oneDNN's product (benchmarks/train_speed.txt quotes both).
 
-    .venv/bin/python scripts/bench_train_kernels.py [--threads 2] [--reps 15]
+    .venv/bin/python -m benchmarks.bench_train_kernels [--threads 2] [--reps 15]
 
 1. At a 4,096-token batch's shapes (4,000 rows; model=small's and model=base's layers and the
    8,000-piece output projection's chunk of 2,097 rows), in GFLOP/s: the forward product
@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import resource
 import time
 
 import torch
 import torch.nn.functional as F
-from bench_decode_kernels import milliseconds  # scripts/, beside this file
 
+from benchmarks.measure import kernel_milliseconds, peak_rss_mib, report_header
 from transformer_mt import onednn
 from transformer_mt.device import keep_freed_host_memory
 
@@ -64,10 +63,11 @@ def report_products(reps: int) -> None:
             ((torch.mm, grad, weight), (onednn_product, grad, weight.t(), rows_hint)),
             ((torch.mm, grad.t(), x), (onednn_product, grad.t(), x.t(), rows_hint)),
         ]
-        cells = [
-            f"{rate / milliseconds(reps, *a):6.0f} / {rate / milliseconds(reps, *b):<6.0f}"
+        rates = [
+            (rate / kernel_milliseconds(reps, *a), rate / kernel_milliseconds(reps, *b))
             for a, b in pairs
         ]
+        cells = [f"{by_torch:6.0f} / {by_onednn:<6.0f}" for by_torch, by_onednn in rates]
         print(f"  {f'{rows} x {out} x {width}':>20}  " + "  ".join(f"{c:>15}" for c in cells))
 
 
@@ -82,7 +82,7 @@ def heap_mb() -> float:
     try:
         info = ctypes.CDLL(None).mallinfo2
     except (OSError, AttributeError):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return peak_rss_mib()
     info.restype = MallInfo2
     return info().arena / 2**20
 
@@ -116,7 +116,8 @@ def main() -> None:
     if not onednn.available():
         print("this torch has no oneDNN product: nothing to compare")
         return
-    print(f"torch {torch.__version__}, {args.threads} threads, float32")
+    print(*report_header("a CPU training step's linear products, torch's and oneDNN's"), sep="\n")
+    print(f"# {args.threads} threads, float32")
     report_products(args.reps)
     report_row_hints(args.reps)
 

@@ -6,9 +6,10 @@
     make bench ARGS="--no-marian"               # our model only
 
 Both models train on the identical collated batches (token-budget batches of the training split,
-in the same order) with the same update: label_smoothed_loss summed over the target tokens and
-divided by their number, fused AdamW (the config's betas, eps, weight decay) under the paper's
-schedule, the same gradient-norm clipping. Ours goes through Trainer.train_step; Marian gets
+in the same order) with the same update: the loss summed over the target tokens and divided by
+their number, fused AdamW (the config's betas, eps, weight decay) under the paper's schedule, the
+same gradient-norm clipping. Ours goes through Trainer.train_step; Marian (MarianRunner says why
+it cannot) through a copy of its update, with label_smoothed_loss over its logits, and gets
 input_ids = src, decoder_input_ids = tgt_in and keep masks (id != pad) for both sides. Marian is
 configured to match: same d_model, heads, d_ff, layers, shared vocabulary and pad id, dropout,
 attention dropout, ReLU, static sinusoidal positions, one embedding matrix for encoder, decoder
@@ -18,12 +19,13 @@ removes them). Its parameter count is printed next to ours (they are equal; Mari
 `final_logits_bias` is a frozen buffer and its positions a frozen table, neither trained).
 
 How they share the machine: each model lives in its own spawned process (a fresh interpreter, so
-`ru_maxrss` is that model's alone), holding `--threads` intra-op threads and, on the CPU, keeping
-freed memory in its heap as tmt-train's process does (device.keep_freed_host_memory: without it
-the plain loss's large blocks are mapped and zeroed afresh at every step). The parent runs them one
-at a time, never together: first `--warmup` untimed steps each, then blocks of `--block` timed
-steps (1 by default: step by step), alternating ABBA (ours-Marian, Marian-ours, ...) so that
-machine noise and any drift over the run fall on both alike. Each process times its own steps.
+its peak RSS is that model's alone; benchmarks/measure.py), holding `--threads` intra-op threads
+and, on the CPU, keeping freed memory in its heap as tmt-train's process does
+(device.keep_freed_host_memory: without it the plain loss's large blocks are mapped and zeroed
+afresh at every step). The parent runs them one at a time, never together: first `--warmup`
+untimed steps each, then blocks of `--block` timed steps (1 by default: step by step),
+alternating ABBA (ours-Marian, Marian-ours, ...) so that machine noise and any drift over the run
+fall on both alike. Each process times its own steps.
 Besides the overall ratio, the median (and quartiles) of the per-block ratios is printed: both
 models ran the same batches in a block, so each is a time ratio, and the median shrugs off a load
 spike in one block. The machine's load average is printed: other work on the cores lowers both.
@@ -38,9 +40,9 @@ on the real (non-padding) tokens. --passes 2 runs the timed steps twice: the sec
 only shapes seen before (as every epoch after the first: cuDNN's attention plans and the caching
 allocator's blocks are cached by shape), and the reports give the last pass, beside the first.
 
-On a GPU (what `make gpu-check` runs, scripts/gpu_check.py):
+On a GPU (what `make gpu-check` runs, benchmarks/gpu_check.py):
 
-    python scripts/bench_train.py --device cuda --data generated --model base --vocab 37000 \
+    python -m benchmarks.bench_train --device cuda --data generated --model base --vocab 37000 \
         --batch-tokens 32768 --update-tokens 25000 --warmup 5 --steps 8 --block 4 --passes 2 \
         [--columns ours-compiled] [--profile]
 
@@ -60,7 +62,7 @@ at NPROC=8 (or 2 nodes x 8): the small micro-batches where kernel launches, not 
 pace.
 
 --profile (GPU or CPU): after the table, ours runs its last timed update again under
-torch.profiler, 3 times after one skipped and one warm-up (scripts/profile_step.py): time by kind
+torch.profiler, 3 times after one skipped and one warm-up (benchmarks/profile_step.py): time by kind
 of kernel or operator, the longest ones, how busy the device was over those updates' wall time,
 and on a GPU the host's operators by their own CPU time.
 """
@@ -69,20 +71,26 @@ from __future__ import annotations
 
 import argparse
 import functools
-import math
-import multiprocessing as mp
 import os
-import resource
 import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
+from multiprocessing.process import BaseProcess
 from pathlib import Path
 
 import numpy as np
 import torch
-from profile_step import StepProfile, profile_update  # scripts/, beside this file
 
+from benchmarks.measure import (
+    abba_order,
+    fastest_seconds,
+    peak_rss_mib,
+    report_header,
+    spawned,
+    synchronize,
+)
+from benchmarks.profile_step import StepProfile, profile_update
 from transformer_mt import onednn
 from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainJob, compose_job
 from transformer_mt.data.batching import Batch, collate, plan_batches, token_batches
@@ -91,7 +99,7 @@ from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
 from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.errors import TransformerMTError
-from transformer_mt.execution import COMPILED_LENGTH_MULTIPLE, ExecutionPolicy, autocast_dtype
+from transformer_mt.execution import COMPILED_LENGTH_MULTIPLE, ExecutionPolicy
 from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import Dropout, count_parameters
 from transformer_mt.run_dir import RunDir
@@ -116,11 +124,6 @@ ONEDNN_PRODUCT = "oneDNN (weight reordered)"
 # has 4.5M; 120,000 left the batches sparse (11.8% padding at 25,000 tokens against 2.5% on
 # WMT): a million or two give WMT's padding. Pieces are drawn only for the batches timed.
 GENERATED_PAIRS = 2_000_000
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident set size (Linux reports ru_maxrss in KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ---- generated WMT-like data -------------------------------------------------------------------
@@ -244,7 +247,18 @@ def drop_attention_biases(marian: torch.nn.Module) -> None:
 
 
 class MarianRunner:
-    """transformers' MarianMTModel with Trainer.train_step's update, step for step."""
+    """transformers' MarianMTModel under the trainer's update. Not through Trainer.train_step: a
+    Trainer builds its own model (our Transformer, from the run's record) with its optimizer and
+    schedule over that model's parameters, and takes no other model; re-wired after construction
+    to train Marian, it would leave our model's weights in this process (counted in the peak RSS
+    and GPU memory reported for Marian). And a micro-batch of the trainer runs TrainingLoss, which
+    projects our decoder's hidden states through our tied embedding, where Marian gives logits
+    (its lm_head and final_logits_bias). So the update is Trainer.train_step's, step for step, on
+    one rank without a loss scaler (no fp16 here): the forward in the trainer's execution policy
+    (its forward()), label_smoothed_loss summed and divided once by the update's target
+    tokens, then `update`. Shared with the trainer: those contexts, label_smoothed_loss,
+    paper_schedule and compile_setting. Copied from it (trainer.py): the optimizer's settings and
+    the update after the backward passes, until the trainer's update is a function of its own."""
 
     def __init__(
         self, job: TrainJob, vocab_size: int, device: torch.device, attention: str = "sdpa"
@@ -299,12 +313,26 @@ class MarianRunner:
             )
             (sums.loss / total_tokens).backward()
             loss_sum += sums.loss.detach()
+        self.update()
+        return loss_sum / total_tokens
+
+    def update(self) -> None:
+        """Trainer.train_step's update after the backward passes: the gradients' norm, clipped to
+        optim.clip_norm where it is set (else only measured: clipping to an infinite norm would
+        still multiply every gradient by 1), fused AdamW told on the device to skip a non-finite
+        update (no host sync), the schedule's step, the gradients dropped."""
         clip = self.cfg.optim.clip_norm
-        torch.nn.utils.clip_grad_norm_(self.params, clip if clip > 0 else math.inf)
+        if clip > 0:
+            norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
+        else:
+            norm = torch.nn.utils.get_total_norm(
+                [p.grad for p in self.params if p.grad is not None]
+            )
+        self.optimizer.found_inf = (~torch.isfinite(norm)).to(torch.float32)
         self.optimizer.step()
+        del self.optimizer.found_inf
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss_sum / total_tokens
 
 
 # ---- one process per model -----------------------------------------------------------------------
@@ -339,19 +367,18 @@ def worker(
     else:
         attention = "eager" if kind == MARIAN_EAGER else "sdpa"
         runner = MarianRunner(job, vocab_size, device, attention)
-    setup_mb, setup_gib = peak_rss_mb(), gpu_memory_gib(device)
+    setup_mb, setup_gib = peak_rss_mib(), gpu_memory_gib(device)
     conn.send({"label": runner.label, "parameters": count_parameters(runner.model)})
     while (indices := conn.recv()) is not None:
         started = time.perf_counter()
         losses = [runner.step(steps[i]) for i in indices]
         losses = [float(loss) for loss in losses]  # waits for the device
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        synchronize(device)
         conn.send({"seconds": time.perf_counter() - started, "losses": losses})
     conn.send(
         {
             "setup_mb": setup_mb,
-            "peak_mb": peak_rss_mb(),
+            "peak_mb": peak_rss_mib(),
             "gpu_setup_gib": setup_gib,
             "gpu_peak_gib": gpu_memory_gib(device),
         }
@@ -392,7 +419,7 @@ class Column:
     last is the one reported first: every shape in it has been seen before)."""
 
     kind: str
-    process: mp.process.BaseProcess
+    process: BaseProcess
     conn: object
     info: dict
     update_flops: list[Flops]  # of the updates as this column runs them (rounded up, compiled)
@@ -412,18 +439,10 @@ class Column:
 
 
 def start(kind: str, job: TrainJob, data, vocab_size: int, steps, args) -> Column:
-    context = mp.get_context("spawn")
-    parent_end, child_end = context.Pipe()
     device = torch.device(args.device)
-    process = context.Process(
-        target=worker,
-        args=(kind, job, data, vocab_size, steps, args.threads, device, child_end),
-        daemon=True,
-    )
-    process.start()
-    child_end.close()  # so that recv() raises EOFError if the worker dies
+    process, conn = spawned(worker, kind, job, data, vocab_size, steps, args.threads, device)
     flops = [update_flops(job.model, vocab_size, step, PAD_ID) for step in steps]
-    return Column(kind, process, parent_end, info={}, update_flops=flops)
+    return Column(kind, process, conn, info={}, update_flops=flops)
 
 
 def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
@@ -438,7 +457,7 @@ def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
         for column in columns:
             column.passes.append(Timing())
         for number, block in enumerate(blocks):
-            for column in columns if number % 2 == 0 else columns[::-1]:
+            for column in abba_order(columns, number):
                 result = column.ask(block)
                 timing = column.timed
                 timing.block_seconds.append(result["seconds"])
@@ -574,24 +593,9 @@ def product_rates(
     flops = sum(2.0 * tokens * w.shape[0] * w.shape[1] for w in weights)
     rounds = 5 if device.type == "cpu" else 50
     return {
-        name: flops / sum(fastest_call(call, rounds, device) for call in calls)
+        name: flops / sum(fastest_seconds(call, rounds, device=device) for call in calls)
         for name, calls in products.items()
     }
-
-
-def fastest_call(call, rounds: int, device: torch.device) -> float:
-    """The shortest time of `rounds` calls of `call`, after one untimed."""
-    call()
-    times = []
-    for _ in range(rounds):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        started = time.perf_counter()
-        call()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - started)
-    return min(times)
 
 
 def report(columns: list[Column], args, vocab_size: int, n_steps: int, loads, rates) -> None:
@@ -809,7 +813,7 @@ def parse_args():
         "--profile",
         action="store_true",
         help="then one more update of ours under torch.profiler: where its time goes "
-        "(scripts/profile_step.py)",
+        "(benchmarks/profile_step.py)",
     )
     parser.add_argument(
         "--marian-eager",
@@ -833,6 +837,7 @@ def parse_args():
 
 def main() -> None:
     args = parse_args()
+    print(*report_header("make bench: training throughput, ours beside Marian"), sep="\n")
     device = torch.device(args.device)
     kinds = chosen_columns(args)
     with tempfile.TemporaryDirectory() as run_dir:
@@ -872,7 +877,7 @@ def main() -> None:
             rates = product_rates(job.model, vocab_size, args.batch_tokens, args.threads)
             report(columns, args, vocab_size, len(steps) - args.warmup, loads, rates)
         else:
-            dtype = autocast_dtype(device, job.trainer.precision) or torch.float32
+            dtype = ExecutionPolicy.for_training(job.trainer, device).dtype or torch.float32
             tokens = max_padded(steps[args.warmup :])
             rates = product_rates(
                 job.model, vocab_size, tokens, args.threads, device, dtype, with_onednn=False

@@ -2,7 +2,7 @@
 headless Chromium with a sentence, and keep a screenshot; the page's DOM, read the same way,
 must show the translation, the n-best list and the heat map.
 
-    .venv/bin/python scripts/browser_check.py --run runs/demo --output benchmarks/serve_page.png
+    .venv/bin/python -m benchmarks.browser_check --run runs/demo --output benchmarks/serve_page.png
 
 Needs the `serve` extra and Chromium (Debian: apt install chromium). Exits 1 if the page does
 not show what it should.

@@ -1,9 +1,9 @@
 """Fault drill: kill a training run with SIGKILL again and again, and prove it resumes exactly.
 
-    python scripts/fault_drill.py                          # 8 kills, seed 0, temporary folder
-    python scripts/fault_drill.py --kills 12 --seed 3 --workdir /tmp/drill
-    python scripts/fault_drill.py | tee benchmarks/fault_drill.txt
-    python scripts/fault_drill.py --compile               # the same with trainer.compile=true
+    python -m benchmarks.fault_drill                          # 8 kills, seed 0, temporary folder
+    python -m benchmarks.fault_drill --kills 12 --seed 3 --workdir /tmp/drill
+    python -m benchmarks.fault_drill | tee benchmarks/fault_drill.txt
+    python -m benchmarks.fault_drill --compile               # the same with trainer.compile=true
 
 Every run goes through the real command line (`tmt-prepare`, `tmt-train`, each in its own
 process group) on the embedded toy corpus with the tiny model:
@@ -32,7 +32,6 @@ lands, so the kill table differs between machines and runs; the verdict must not
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import random
@@ -48,9 +47,17 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.checkpoint import load_checkpoint
+from benchmarks.measure import report_header, signal_group, start_group
+from transformer_mt.checkpoint import (
+    CheckpointFolder,
+    is_training_checkpoint,
+    load_checkpoint,
+    step_checkpoints,
+)
 from transformer_mt.checkpoint.folder import STEP_FILE
 from transformer_mt.errors import CheckpointError
+from transformer_mt.files import PARTIAL_SUFFIX, target_of
+from transformer_mt.run_dir import RunDir
 
 PREPARE = "from transformer_mt.cli import prepare_main; prepare_main()"
 TRAIN = "from transformer_mt.cli import train_main; train_main()"
@@ -119,37 +126,40 @@ class Census:
 
     steps: dict[str, int] = field(default_factory=dict)
     """Readable checkpoint file name -> its step."""
+    last_step: int | None = None
+    """The step of last.pt, where it is readable."""
     unreadable: list[str] = field(default_factory=list)
-    """'name: reason' for every *.pt file load_checkpoint refuses."""
+    """'name: reason' for every checkpoint file load_checkpoint refuses."""
     temporaries: list[str] = field(default_factory=list)
-    """Hidden temporary files of interrupted writes (not checkpoints)."""
-
-    @property
-    def last_step(self) -> int | None:
-        return self.steps.get("last.pt")
+    """Hidden temporary files of interrupted checkpoint writes (not checkpoints)."""
 
     @property
     def newest_step(self) -> int | None:
         return max(self.steps.values(), default=None)
 
 
-def take_census(folder: Path) -> Census:
+def take_census(folder: CheckpointFolder) -> Census:
     census = Census()
-    if not folder.is_dir():
-        return census
-    for path in sorted(folder.glob("*.pt")):
+    for path in folder.checkpoint_files():
         try:
             census.steps[path.name] = int(load_checkpoint(path)["step"])
         except CheckpointError as error:
             census.unreadable.append(f"{path.name}: {error}")
-    census.temporaries = sorted(p.name for p in folder.glob(".*.tmp"))
+    census.last_step = census.steps.get(folder.last.name)
+    census.temporaries = sorted(path.name for path in partial_checkpoints(folder))
     return census
 
 
-def temporary_files(folder: Path) -> set[tuple[str, int, int]]:
-    """(name, inode, mtime) of the hidden temporary files in `folder`: a new write changes one."""
+def partial_checkpoints(folder: CheckpointFolder) -> list[Path]:
+    """The temporary files of checkpoint writes not yet renamed into place (files.replacing's)."""
+    partial = folder.path.glob(f".*{PARTIAL_SUFFIX}")  # none where the folder is not (yet)
+    return [path for path in partial if is_training_checkpoint(target_of(path))]
+
+
+def temporary_files(folder: CheckpointFolder) -> set[tuple[str, int, int]]:
+    """(name, inode, mtime) of the checkpoint writes under way: a new write changes one."""
     found = set()
-    for path in folder.glob(".*.tmp") if folder.is_dir() else ():
+    for path in partial_checkpoints(folder):
         try:
             stat = path.stat()
         except FileNotFoundError:  # renamed into place between the listing and the stat
@@ -162,20 +172,13 @@ def temporary_files(folder: Path) -> set[tuple[str, int, int]]:
 def start(code: str, overrides: list[str], log_path: Path, cwd: Path) -> subprocess.Popen:
     """The command in its own process group (so a kill reaches its DataLoader workers too)."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1"}
+    command = [sys.executable, "-c", code, *overrides]
     with log_path.open("w") as log:
-        return subprocess.Popen(
-            [sys.executable, "-c", code, *overrides],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-        )
+        return start_group(command, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
 
 def kill_group(process: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):  # already gone
-        os.killpg(process.pid, signal.SIGKILL)
+    signal_group(process, signal.SIGKILL)
     process.wait()
 
 
@@ -196,14 +199,15 @@ class Timing:
 def run_reference(args, workdir: Path, prepared_dir: Path) -> Timing:
     """Train to the end without interruption, noting when each step checkpoint appears."""
     run_dir = workdir / "reference"
+    folder = RunDir(run_dir).checkpoints.path
     log_path = workdir / "logs" / "reference.log"
     began = time.monotonic()
     process = start(TRAIN, train_overrides(args, run_dir, prepared_dir), log_path, workdir)
     seen: dict[int, float] = {}
     while process.poll() is None:
-        for path in (run_dir / "checkpoints").glob("step_*.pt"):
-            if m := STEP_FILE.fullmatch(path.name):
-                seen.setdefault(int(m.group(1)), time.monotonic() - began)
+        for path in step_checkpoints(folder):
+            step = int(STEP_FILE.fullmatch(path.name).group(1))
+            seen.setdefault(step, time.monotonic() - began)
         time.sleep(0.02)
     total = time.monotonic() - began
     if process.returncode != 0:
@@ -238,7 +242,7 @@ def kill_delay(moment: str, timing: Timing, steps_left: int, timed_left: int, rn
     return timing.startup + rng.uniform(0.0, window)
 
 
-def wait_for_write(process, folder: Path, deadline: float) -> bool:
+def wait_for_write(process, folder: CheckpointFolder, deadline: float) -> bool:
     """Poll until a checkpoint's temporary file appears (True), or the process ends (False)."""
     stale = temporary_files(folder)
     while process.poll() is None and time.monotonic() < deadline:
@@ -252,7 +256,7 @@ def drill_attempt(
     number: int, moment: str, delay: float | None, args, paths: dict, timing: Timing
 ) -> Attempt:
     """Start the drill run; kill it at `moment` (None: let it finish); check what is left."""
-    folder = paths["drill"] / "checkpoints"
+    folder = RunDir(paths["drill"]).checkpoints
     attempt = Attempt(number, moment, take_census(folder))
     log_path = paths["logs"] / f"drill_{number:02d}.log"
     began = time.monotonic()
@@ -314,7 +318,7 @@ def run_drill(args, paths: dict, timing: Timing) -> list[Attempt]:
     rng.shuffle(moments)
     attempts: list[Attempt] = []
     for number, moment in enumerate([*moments, "to the end"], start=1):
-        done = take_census(paths["drill"] / "checkpoints").last_step or 0
+        done = take_census(RunDir(paths["drill"]).checkpoints).last_step or 0
         timed_left = sum(m == "mid-training" for m in moments[number - 1 :])
         delay = (
             kill_delay(moment, timing, args.steps - done, timed_left, rng)
@@ -379,7 +383,7 @@ def logged_losses(run_dir: Path) -> dict[int, float]:
         return (int(parts[3]) if len(parts) > 3 and parts[3].isdigit() else 0, path.name)
 
     losses: dict[int, float] = {}
-    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*"), key=written_at):
+    for path in sorted(RunDir(run_dir).tensorboard.glob("events.out.tfevents.*"), key=written_at):
         try:
             for event in EventFileLoader(str(path)).Load():
                 for value in event.summary.value:
@@ -418,19 +422,19 @@ def print_row(attempt: Attempt) -> None:
 
 
 def final_comparison(paths: dict) -> tuple[Comparison, list[str]]:
-    ours = load_checkpoint(paths["drill"] / "checkpoints" / "last.pt")
-    theirs = load_checkpoint(paths["reference"] / "checkpoints" / "last.pt")
+    drill, reference = (RunDir(paths[run]).checkpoints for run in ("drill", "reference"))
+    ours, theirs = load_checkpoint(drill.last), load_checkpoint(reference.last)
     result = Comparison()
     compare(ours, theirs, "", "", result)
-    best = [run / "checkpoints" / "best.pt" for run in (paths["drill"], paths["reference"])]
+    best, name = [drill.best, reference.best], drill.best.name
     if all(path.is_file() for path in best):  # trainers that keep the best-scoring checkpoint
         ours, theirs = (load_checkpoint(path) for path in best)
         best_result = Comparison()
-        compare(ours["model"], theirs["model"], "best.pt model", "best.pt", best_result)
+        compare(ours["model"], theirs["model"], f"{name} model", name, best_result)
         if ours["step"] != theirs["step"]:
-            best_result.differences.append(f"best.pt step: {ours['step']} vs {theirs['step']}")
+            best_result.differences.append(f"{name} step: {ours['step']} vs {theirs['step']}")
         result.differences += best_result.differences
-        result.tensors["best.pt"] = best_result.tensors.get("best.pt", 0)
+        result.tensors[name] = best_result.tensors.get(name, 0)
     reference_losses = logged_losses(paths["reference"])
     drill_losses = logged_losses(paths["drill"])
     common = sorted(reference_losses.keys() & drill_losses.keys())
@@ -489,9 +493,10 @@ def main() -> None:
     if paths["reference"].exists() or paths["drill"].exists():
         sys.exit(f"{workdir} already holds runs: give an empty or new --workdir")
     paths["logs"].mkdir(parents=True, exist_ok=True)
+    print(*report_header("make fault-drill: SIGKILLs of a toy training run"), sep="\n")
     print(
         f"fault drill: {args.kills} kills, seed {args.seed}, {args.steps} updates, checkpoint "
-        f"every {args.checkpoint_every}; torch {torch.__version__}; work folder {workdir}"
+        f"every {args.checkpoint_every}; work folder {workdir}"
     )
     began = time.monotonic()
     log_path = paths["logs"] / "prepare.log"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
-import os
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.measure import report_header, status_kib
 from transformer_mt.config import DataConfig, SourceKind
 from transformer_mt.data.batching import token_batches
 
@@ -63,22 +63,23 @@ def write_corpus(folder: Path, pairs: int, seed: int = 1) -> None:
 
 
 def tree_rss_mb(pid: int) -> float:
-    """RSS of a process and all its descendants, in MB."""
+    """RSS of a process and all its descendants at once, in MB: the sum over the processes that
+    run together (preparation's encoding workers beside their parent), which the peak RSS of
+    any one of them (measure.peak_rss_mib) does not give."""
     total, stack = 0, [pid]
     while stack:
         current = stack.pop()
         try:
-            with open(f"/proc/{current}/status") as status:
-                total += next(int(line.split()[1]) for line in status if line.startswith("VmRSS"))
+            total += status_kib(current, ("VmRSS",))["VmRSS"]
             with open(f"/proc/{current}/task/{current}/children") as children:
                 stack += [int(c) for c in children.read().split()]
-        except (FileNotFoundError, StopIteration, ProcessLookupError):
+        except (FileNotFoundError, KeyError, ProcessLookupError):
             continue
     return total / 1024
 
 
 def run_measured(command: list[str]) -> tuple[float, float, str]:
-    """(seconds, peak tree RSS in MB, stdout) of a child process."""
+    """(seconds, peak tree RSS in MB sampled every 0.2 s, stdout) of a child process."""
     started = time.perf_counter()
     child = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     peak = 0.0
@@ -92,7 +93,15 @@ def run_measured(command: list[str]) -> tuple[float, float, str]:
 
 
 def prepare_in_child(corpus: Path, prepared: Path, vocab: int) -> dict:
-    command = [sys.executable, __file__, "--child-prepare", str(corpus), str(prepared), str(vocab)]
+    command = [
+        sys.executable,
+        "-m",
+        __spec__.name,
+        "--child-prepare",
+        str(corpus),
+        str(prepared),
+        str(vocab),
+    ]
     seconds, peak, output = run_measured(command)
     return {"seconds": seconds, "peak_mb": peak, **json.loads(output.strip().splitlines()[-1])}
 
@@ -155,13 +164,10 @@ def padding_share(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: 
 
 
 def memory_mb() -> dict[str, int]:
-    with open(f"/proc/{os.getpid()}/status") as status:
-        keys = ("VmRSS", "RssAnon", "RssFile")
-        return {
-            line.split(":")[0]: int(line.split()[1]) // 1024
-            for line in status
-            if line.startswith(keys)
-        }
+    """This process's VmRSS, RssAnon and RssFile in MB."""
+    return {
+        key: kib // 1024 for key, kib in status_kib("self", ("VmRSS", "RssAnon", "RssFile")).items()
+    }
 
 
 def rank_reader(folder: str, rank: int, world_size: int, results: dict) -> None:
@@ -207,7 +213,8 @@ def main() -> None:
         child_prepare(*args.child_prepare)
         return
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_data_"))
-    print(f"machine: {os.cpu_count()} CPU cores; workdir {workdir}")
+    print(*report_header("make bench-data: data preparation at WMT scale"), sep="\n")
+    print(f"# workdir: {workdir}")
     prepared = {}
     for size in args.sizes:
         corpus = workdir / f"corpus_{size}"

@@ -1,7 +1,7 @@
 """Decoding benchmark: beam search speed and BLEU on Multi30k test_2016_flickr, CTranslate2 parity.
 
     make bench-decode RUN=runs/multi30k_de_en_small          # a model trained on Multi30k
-    .venv/bin/python scripts/bench_decode.py --run runs/x --reference-sentences 1000
+    .venv/bin/python -m benchmarks.bench_decode --run runs/x --reference-sentences 1000
 
 With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source length + 50) on
 --threads CPU threads, the same source sentences go through:
@@ -21,20 +21,21 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
   (c) the checkpoint exported to CTranslate2 (transformer_mt.export.ctranslate2),
       computing in float32 and in int8.
 
-Timed runs are interleaved over --rounds rounds (a, a int8, c fp32, c int8, a, ...), each in a
-process of its own (in one process, torch's and CTranslate2's thread pools slow each other's
-next run on a small machine), and each system's fastest round is reported, with the load
-average around it (the machine is shared); the ratios are given twice: of the fastest rounds, and
-the median of the ratios within a round. Every output is scored with sacreBLEU. Parity:
+Timed runs are interleaved over --rounds rounds, in ABBA order (a, a int8, ..., c int8, then
+c int8, ..., a), each in a process of its own (in one process, torch's and CTranslate2's thread
+pools slow each other's next run on a small machine), and each system's fastest round is
+reported, with the load average around it (the machine is shared); the ratios are given twice:
+of the fastest rounds, and the median of the ratios within a round. Every output is scored with
+sacreBLEU. Parity:
 greedy outputs of ours and of CTranslate2 float32, token for token, and their BLEU difference.
 --sentences N: the first N test sentences only (a quick check that the script runs:
 `--sentences 20 --reference-sentences 2 --rounds 1`).
 
-Without a trained model (what `make gpu-check` runs, scripts/gpu_check.py):
+Without a trained model (what `make gpu-check` runs, benchmarks/gpu_check.py):
 
-    python scripts/bench_decode.py --generated 3000 --model base --device cuda
+    python -m benchmarks.bench_decode --generated 3000 --model base --device cuda
 
-times the same beam search on generated sentences of WMT14 length (scripts/bench_train.py's
+times the same beam search on generated sentences of WMT14 length (benchmarks/bench_train.py's
 generator) with a random-weight model of the --model preset: ours in float32 (TF32 matmuls on a
 GPU), under bf16 autocast on a GPU (decode.precision=bf16) and with int8 weights on the CPU
 (decode.quantize=int8), against CTranslate2 float32 and float16 (int8 on the CPU), all in one
@@ -47,15 +48,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import itertools
-import json
 import os
-import platform
-import shlex
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -64,6 +59,8 @@ from types import SimpleNamespace
 
 import torch
 
+from benchmarks.measure import abba_order, in_fresh_process, report_header
+from benchmarks.reference_search import reference_beam_search
 from transformer_mt.config import (
     CpuLinear,
     DecodeConfig,
@@ -82,9 +79,6 @@ from transformer_mt.export.ctranslate2 import export_model
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "decode"))
-from reference_search import reference_beam_search  # noqa: E402  (the tests' reference)
 
 PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
 OURS = "(a) ours (Translator, KV cache)"
@@ -113,42 +107,38 @@ def timed(translate: Callable[[list[str]], list[str]], sources: list[str]):
 
 def interleaved(systems: list[str], args, sources: list[str], folder: Path) -> dict:
     """name -> (fastest seconds, outputs, load average before/after that run, every round's
-    seconds); every timed run is a fresh process (`--time-one NAME`) that warms up, then
-    translates all sources once."""
+    seconds); every timed run is a fresh process (`time_one`), the systems in ABBA order over the
+    rounds."""
     best: dict = {}
     rounds: dict[str, list[float]] = {name: [] for name in systems}
-    for _ in range(args.rounds):
-        for name in systems:
-            command = [sys.executable, __file__, "--run", args.run, "--checkpoint", args.checkpoint]
-            command += ["--threads", str(args.threads), "--time-one", name, "--export", str(folder)]
-            command += ["--sentences", str(args.sentences)]
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
-            seconds, outputs, load = json.loads(done.stdout)
+    for turn in range(args.rounds):
+        for name in abba_order(systems, turn):
+            seconds, outputs, load = in_fresh_process(time_one, args, name, folder, sources)
             rounds[name].append(seconds)
             if name not in best or seconds < best[name][0]:
-                best[name] = (seconds, outputs, tuple(load))
+                best[name] = (seconds, outputs, load)
     return {name: (*best[name], rounds[name]) for name in systems}
 
 
-def time_one(args, sources: list[str]) -> None:
-    """One timed translation of `sources` by system args.time_one, as JSON on stdout."""
-    if args.time_one in OURS_DECODE:
-        decode = OURS_DECODE[args.time_one]
-        keep = args.time_one != OURS_INT8_GLIBC
+def time_one(args, name: str, export: Path, sources: list[str]):
+    """(seconds, outputs, load average before/after) of system `name` translating `sources`
+    once, after a warm-up; `export`: the CTranslate2 export of the run's checkpoint."""
+    torch.set_num_threads(args.threads)
+    if name in OURS_DECODE:
+        keep = name != OURS_INT8_GLIBC
         system = load_translator(
-            args.run, args.checkpoint, decode=decode, device="cpu", keep_freed_memory=keep
+            args.run,
+            args.checkpoint,
+            decode=OURS_DECODE[name],
+            device="cpu",
+            keep_freed_memory=keep,
         )
     else:
         system = translator_from_export(
-            args.export,
-            decode=PAPER,
-            device="cpu",
-            compute_type=CT2_TYPES[args.time_one],
-            threads=args.threads,
+            export, decode=PAPER, device="cpu", compute_type=CT2_TYPES[name], threads=args.threads
         )
     system.translate(sources[:32])  # warm-up: first calls allocate
-    seconds, outputs, load = timed(system.translate, sources)
-    print(json.dumps([seconds, outputs, load]))
+    return timed(system.translate, sources)
 
 
 def row(name: str, sentences: int, seconds: float, bleu: float | None, load) -> str:
@@ -164,16 +154,12 @@ def bleu(hypotheses: list[str], references: list[str]) -> float:
 
 
 def print_header(args, ctranslate2) -> None:
-    print("# make bench-decode: decoding speed, BLEU and CTranslate2 parity")
-    print(f"# command: {shlex.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(
-        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible;"
-        f" torch {torch.__version__}, ctranslate2 {ctranslate2.__version__}"
+        *report_header("make bench-decode: decoding speed, BLEU and CTranslate2 parity"), sep="\n"
     )
     print(
-        f"# threads: torch {torch.get_num_threads()}, CTranslate2 intra_threads {args.threads};"
-        f" load average at start {os.getloadavg()[0]:.2f}"
+        f"# ctranslate2 {ctranslate2.__version__}; threads: torch {torch.get_num_threads()}, "
+        f"CTranslate2 intra_threads {args.threads}"
     )
 
 
@@ -201,18 +187,11 @@ def main() -> None:
     parser.add_argument("--model", default="base", help="--generated: the model preset")
     parser.add_argument("--vocab", type=int, default=37000, help="--generated: vocabulary size")
     parser.add_argument("--device", default="cpu", help="--generated: cpu, cuda or cuda:N")
-    parser.add_argument("--time-one", help=argparse.SUPPRESS)  # a timed run's own process
-    parser.add_argument("--export", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.generated:
         torch.set_num_threads(args.threads)
         with tempfile.TemporaryDirectory(prefix="bench_decode_") as folder:
             benchmark_generated(args, Path(folder) / "ctranslate2")
-        return
-    if args.time_one:
-        torch.set_num_threads(args.threads)
-        pairs = split_pairs(RunDir(args.run).data_config(), args.sentences)
-        time_one(args, [s for s, _ in pairs])
         return
     ctranslate2 = import_ctranslate2()
     torch.set_num_threads(args.threads)
@@ -359,7 +338,7 @@ def verdict(met: bool) -> str:
 # ---- --generated: random weights, generated sources, on any device ------------------------------
 def benchmark_generated(args, folder: Path) -> None:
     """Beam search sentences/s on generated sources: ours and CTranslate2 on args.device."""
-    from bench_train import GeneratedVocabulary, generated_pairs  # scripts/, beside this file
+    from benchmarks.bench_train import GeneratedVocabulary, generated_pairs
 
     device = torch.device(args.device)
     torch.manual_seed(1)
@@ -367,6 +346,7 @@ def benchmark_generated(args, folder: Path) -> None:
     model = Transformer(model_cfg, vocab_size=args.vocab, pad_id=PAD_ID).to(device).eval()
     generated = generated_pairs(args.generated, args.vocab, seed=2).src
     sources = [generated[i].tolist() for i in range(len(generated))]
+    print(*report_header("beam search on generated sentences, ours beside CTranslate2"), sep="\n")
     vocabulary = GeneratedVocabulary(args.vocab)
     tokenizers = Tokenizers(vocabulary, vocabulary)
     fp32 = dataclasses.replace(PAPER, precision=DecodePrecision.fp32)  # auto: bf16 on CUDA
@@ -386,7 +366,7 @@ def benchmark_generated(args, folder: Path) -> None:
         f"parameters) on {device_name(device)}"
     )
     print(
-        f"# torch {torch.__version__}; beam {PAPER.beam_size}, length penalty "
+        f"# beam {PAPER.beam_size}, length penalty "
         f"{PAPER.length_penalty}, max length source + {PAPER.max_len_b}, batches of "
         f"{PAPER.batch_tokens} source tokens (ours and CTranslate2 alike)"
     )

@@ -1,8 +1,8 @@
 """The kernels of a decoding step on the CPU, each beside the form it replaced, and where the time
 of a whole beam search goes (benchmarks/decode.txt quotes both).
 
-    .venv/bin/python scripts/bench_decode_kernels.py
-    .venv/bin/python scripts/bench_decode_kernels.py --profile RUN [--int8]
+    .venv/bin/python -m benchmarks.bench_decode_kernels
+    .venv/bin/python -m benchmarks.bench_decode_kernels --profile RUN [--int8]
 
 At decoding's shapes (Multi30k's small model: D 256, 4 heads, 1,024-wide feed-forward, 8,000
 pieces; a batch of 4,000 source tokens is about 1,200 beam rows), in one process with --threads
@@ -29,15 +29,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import statistics
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.measure import kernel_milliseconds, report_header
 from transformer_mt import onednn
 from transformer_mt.config import DecodeConfig, Quantize
 from transformer_mt.decode.cpu_linear import OneDnnLinear
@@ -58,17 +57,6 @@ PRODUCTS = [  # rows x (out x in): the output projection at several batch sizes,
 ROWS, HEADS, HEAD_DIM, VOCAB, BEAM = 1200, 4, 64, 8000, 4
 
 
-def milliseconds(reps: int, function: Callable, *args, **kwargs) -> float:
-    """The median time of function(*args, **kwargs) over `reps` calls, after two warm-up calls."""
-    function(*args, **kwargs), function(*args, **kwargs)
-    times = []
-    for _ in range(reps):
-        started = time.perf_counter()
-        function(*args, **kwargs)
-        times.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(times)
-
-
 def report_products(reps: int) -> None:
     if not onednn.available():
         print("linear products: this torch or CPU has no oneDNN product (decoding uses F.linear)")
@@ -80,8 +68,8 @@ def report_products(reps: int) -> None:
         prepacked, x = OneDnnLinear(layer), torch.randn(rows, width)
         flop = 2 * rows * out * width
         with torch.no_grad():
-            plain = flop / milliseconds(reps, F.linear, x, layer.weight) / 1e6
-            packed = flop / milliseconds(reps, prepacked, x) / 1e6
+            plain = flop / kernel_milliseconds(reps, F.linear, x, layer.weight) / 1e6
+            packed = flop / kernel_milliseconds(reps, prepacked, x) / 1e6
         print(f"  {f'{rows} x ({out} x {width})':22s} {plain:9.1f} {packed:10.1f}")
 
 
@@ -100,10 +88,12 @@ def report_attention(reps: int) -> None:
     for keys in (8, 20, 40):
         q, k, v, keep = step_attention_inputs(ROWS, keys)
         mask = keep[:, None, None, :]
-        self_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v)
-        self_ours = milliseconds(reps, attend_few_queries, q, k, v)
-        cross_sdpa = milliseconds(reps, F.scaled_dot_product_attention, q, k, v, attn_mask=mask)
-        cross_ours = milliseconds(reps, attend_few_queries, q, k, v, keep)
+        self_sdpa = kernel_milliseconds(reps, F.scaled_dot_product_attention, q, k, v)
+        self_ours = kernel_milliseconds(reps, attend_few_queries, q, k, v)
+        cross_sdpa = kernel_milliseconds(
+            reps, F.scaled_dot_product_attention, q, k, v, attn_mask=mask
+        )
+        cross_ours = kernel_milliseconds(reps, attend_few_queries, q, k, v, keep)
         print(
             f"  {keys:2d} keys: unmasked (self) {self_sdpa:6.2f} / {self_ours:5.2f} "
             f"({self_sdpa / self_ours:.1f}x); masked (cross) {cross_sdpa:6.2f} / "
@@ -121,8 +111,8 @@ def report_shared_rows(reps: int) -> None:
         def together(q, k, v, keep):
             return rows_by_target(attend_few_queries(rows_by_source(q, len(k)), k, v, keep), ROWS)
 
-        per_beam = milliseconds(reps, attend_few_queries, q, *copied)
-        shared = milliseconds(reps, together, q, k, v, keep)
+        per_beam = kernel_milliseconds(reps, attend_few_queries, q, *copied)
+        shared = kernel_milliseconds(reps, together, q, k, v, keep)
         print(
             f"  cross-attention, {keys:2d} keys: copied per beam {per_beam:5.2f}, read per "
             f"sentence {shared:5.2f} ({per_beam / shared:.1f}x)"
@@ -135,8 +125,8 @@ def report_shared_rows(reps: int) -> None:
         def gather_then_cat(cached, rows, new):
             return torch.cat([cached.index_select(0, rows), new], dim=2)
 
-        two = milliseconds(reps, gather_then_cat, cached, rows, new)
-        one = milliseconds(reps, appended, cached, rows, new)
+        two = kernel_milliseconds(reps, gather_then_cat, cached, rows, new)
+        one = kernel_milliseconds(reps, appended, cached, rows, new)
         print(
             f"  a layer's cached keys, {length} positions, reordered and grown by one: gather "
             f"then concatenate {two:5.2f}, one copy {one:5.2f} ({two / one:.1f}x)"
@@ -145,9 +135,9 @@ def report_shared_rows(reps: int) -> None:
 
 def report_distribution(reps: int) -> None:
     logits = torch.randn(ROWS, VOCAB)
-    normaliser = milliseconds(reps, torch.logsumexp, logits, dim=-1)
-    log_softmax = milliseconds(reps, F.log_softmax, logits, dim=-1)
-    top = milliseconds(reps, torch.topk, logits, 2 * BEAM, dim=-1)
+    normaliser = kernel_milliseconds(reps, torch.logsumexp, logits, dim=-1)
+    log_softmax = kernel_milliseconds(reps, F.log_softmax, logits, dim=-1)
+    top = kernel_milliseconds(reps, torch.topk, logits, 2 * BEAM, dim=-1)
     print(
         f"\nnext-token distribution, {ROWS} x {VOCAB} logits, ms: torch.logsumexp {normaliser:.2f}"
         f", F.log_softmax {log_softmax:.2f} ({normaliser / log_softmax:.1f}x); the {2 * BEAM} "
@@ -192,7 +182,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     keep_freed_host_memory()
-    print(f"# torch {torch.__version__}, {args.threads} threads")
+    print(*report_header("a decoding step's kernels on the CPU"), sep="\n")
+    print(f"# threads: {args.threads}")
     if args.profile:
         report_profile(args.profile, args.int8, args.top)
         return

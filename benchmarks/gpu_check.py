@@ -1,4 +1,4 @@
-"""The CUDA path in two short runs: `make gpu-check` (scripts/gpu_check.sh, which first
+"""The CUDA path in two short runs: `make gpu-check` (benchmarks/gpu_check.sh, which first
 installs the wheels carried in .whl/, if any, then runs this).
 
 The core run (the default, `--parts core`) fits in 4 minutes: --budget 240 s, the sum of its
@@ -12,7 +12,7 @@ budget left. The headline figures come first:
 2. compiled big, 70 s, and 3. compiled base, 46 s: ours with trainer.compile=true;
 4. eager base, 22 s, and 5. eager big, 22 s: ours beside transformers' MarianMTModel;
 6. decoding, 25 s: beam 4 on 1,000 generated sentences of WMT length, model=base with random
-   weights, ours against CTranslate2 on the GPU (scripts/bench_decode.py --generated).
+   weights, ours against CTranslate2 on the GPU (benchmarks/bench_decode.py --generated).
 
 The optional run (`--parts extra`, a second invocation, 460 s, its results added to the same
 file; `--parts all`: both runs in one, 700 s):
@@ -26,7 +26,7 @@ file; `--parts all`: both runs in one, 700 s):
    BLEU on its test split (tmt-eval); its log lines without their throughput fields (parts 2-8
    measure throughput).
 
-Parts 2-5, 7 and 8 are scripts/bench_train.py on generated WMT-like updates of 25,000 target
+Parts 2-5, 7 and 8 are benchmarks/bench_train.py on generated WMT-like updates of 25,000 target
 tokens in bf16 (batches cut from 2,000,000 pairs' lengths: WMT's padding), warm-up updates first
 (5 compiled: the dynamic-shape graph and its recompiles settle; 3 eager), then 8 timed updates
 twice (--passes 2: the second pass meets only shapes seen before; both reported, with their
@@ -51,14 +51,11 @@ before the one run a lent GPU allows.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import importlib.util
 import os
 import platform
 import re
-import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -70,10 +67,13 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.measure import report_header, run_command
+from transformer_mt.torch_builds import nvidia_smi
+
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 3  # --probe's exit status without a GPU; gpu_check.sh turns it into 0
 REQUIRED = ("hydra", "omegaconf", "sentencepiece", "sacrebleu", "tensorboard", "tqdm", "numpy")
-PREPARE_WHEELS = "bash scripts/gpu_check.sh --prepare-wheels"
+PREPARE_WHEELS = "bash benchmarks/gpu_check.sh --prepare-wheels"
 TRAIN = "from transformer_mt.cli import train_main; train_main()"
 EVALUATE = "from transformer_mt.cli import evaluate_main; evaluate_main()"
 
@@ -84,7 +84,7 @@ def probe() -> int:
     that this torch cannot use, a set-up to fix rather than a machine to skip)."""
     if torch.cuda.is_available():
         return 0
-    listed = nvidia_smi("-L")
+    listed = nvidia_smi("-L") or ""
     gpus = [line for line in listed.splitlines() if line.startswith("GPU ")]
     if gpus:
         print(
@@ -99,18 +99,6 @@ def probe() -> int:
         f"{torch.__version__}, {build}); nothing to measure"
     )
     return NO_GPU
-
-
-def nvidia_smi(*arguments: str) -> str:
-    if shutil.which("nvidia-smi") is None:
-        return ""
-    try:
-        done = subprocess.run(
-            ["nvidia-smi", *arguments], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
-        return ""
-    return done.stdout.strip()
 
 
 # ---- output --------------------------------------------------------------------------------------
@@ -140,7 +128,7 @@ class Report:
 
 @dataclass
 class Outcome:
-    """What a command did: exit status (None: killed at its limit), seconds, output lines."""
+    """What a part did: exit status (None: killed at its limit), seconds, output lines."""
 
     status: int | None
     seconds: float
@@ -160,59 +148,17 @@ class Outcome:
 def run(
     command: list[str], limit: float, report: Report, *, echo: bool, env: dict | None = None
 ) -> Outcome:
-    """Run `command` in its own process group; its stdout goes to the report as it comes when
-    `echo`, both streams to the log; the group is stopped after `limit` seconds."""
+    """Run `command` in its own process group, stopped after `limit` seconds (run_command); its
+    stdout goes to the report as it comes when `echo`, both streams to the log."""
     report.logged(f"$ {' '.join(command)}  (limit {limit:.0f} s)")
-    started = time.monotonic()
-    process = subprocess.Popen(
+    done = run_command(
         command,
-        cwd=ROOT,
+        limit=max(limit, 1.0),
         env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own group: the limit ends its workers too
+        on_stdout=report.line if echo else report.logged,
+        on_stderr=report.logged,
     )
-    outcome = Outcome(None, 0.0)
-
-    def read(stream, lines: list[str], to_report: bool) -> None:
-        for raw in stream:
-            text = raw.rstrip("\n")
-            lines.append(text)
-            if to_report:
-                report.line(text)
-            else:
-                report.logged(text)
-
-    readers = [
-        threading.Thread(target=read, args=(process.stdout, outcome.stdout, echo)),
-        threading.Thread(target=read, args=(process.stderr, outcome.stderr, False)),
-    ]
-    for reader in readers:
-        reader.start()
-    try:
-        outcome.status = process.wait(timeout=max(limit, 1.0))
-    except subprocess.TimeoutExpired:
-        stop_group(process)
-    for reader in readers:
-        reader.join()
-    outcome.seconds = time.monotonic() - started
-    return outcome
-
-
-def stop_group(process: subprocess.Popen) -> None:
-    """SIGTERM to the command's process group (the trainer writes a checkpoint and stops), then
-    SIGKILL to what is left after 10 s."""
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    return Outcome(done.status, done.seconds, done.stdout, done.stderr)
 
 
 class Budget:
@@ -323,10 +269,10 @@ def correctness(settings: Settings, report: Report, limit: float) -> Outcome:
 
 
 def throughput(settings: Settings, report: Report, title: str, bench: str, limit: float) -> Outcome:
-    """scripts/bench_train.py with the settings' options and then `bench`'s (which win)."""
+    """benchmarks/bench_train.py with the settings' options and then `bench`'s (which win)."""
     section(report, f"{title}, limit {limit:.0f} s")
     command = python_command(
-        "scripts/bench_train.py", "--device", settings.device, *settings.bench.split(),
+        "-m", "benchmarks.bench_train", "--device", settings.device, *settings.bench.split(),
         *bench.split(),
     )  # fmt: skip
     outcome = run(command, limit, report, echo=True)
@@ -347,7 +293,7 @@ def decoding(settings: Settings, report: Report, limit: float) -> Outcome:
     if found:
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*found, env.get("LD_LIBRARY_PATH", "")])
     command = python_command(
-        "scripts/bench_decode.py", "--device", settings.device, *settings.decode.split()
+        "-m", "benchmarks.bench_decode", "--device", settings.device, *settings.decode.split()
     )
     outcome = run(command, limit, report, echo=True, env=env)
     report.line(f"-- decoding: {outcome.describe()}")
@@ -414,7 +360,7 @@ def strip_log_prefix(line: str) -> str:
 def bench_part(
     settings: Settings, report: Report, name: str, limit: float, title: str, options: str
 ):
-    """A part that runs scripts/bench_train.py with the settings' options and `options`."""
+    """A part that runs benchmarks/bench_train.py with the settings' options and `options`."""
     return Part(name, limit, functools.partial(throughput, settings, report, title, options))
 
 
@@ -482,12 +428,14 @@ def tail(lines: list[str], count: int = 12) -> str:
 # ---- the whole check -----------------------------------------------------------------------------
 def header(report: Report, args, budget: float) -> None:
     device = torch.device("cuda") if torch.cuda.is_available() else None
-    report.line("# make gpu-check (scripts/gpu_check.sh): the CUDA path of transformer_mt")
-    report.line(f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
+    title = "make gpu-check (benchmarks/gpu_check.sh): the CUDA path of transformer_mt"
+    for line in report_header(title):
+        report.line(line)
     report.line(f"# code: {code_version()}")
     if device is not None:
         props = torch.cuda.get_device_properties(device)
-        smi = nvidia_smi("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+        query = ("--query-gpu=name,driver_version,memory.total", "--format=csv,noheader")
+        smi = (nvidia_smi(*query) or "").strip()
         report.line(
             f"# GPU: {props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
             f"{props.major}.{props.minor}, {props.multi_processor_count} SMs; nvidia-smi: "
@@ -498,16 +446,13 @@ def header(report: Report, args, budget: float) -> None:
         except (AttributeError, RuntimeError):
             nccl = "-"
         report.line(
-            f"# torch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN "
-            f"{torch.backends.cudnn.version()}, NCCL {nccl}); Python {platform.python_version()}"
+            f"# torch's CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, NCCL "
+            f"{nccl}; Python {platform.python_version()}"
         )
     else:
-        report.line(f"# a CPU rehearsal, no GPU: torch {torch.__version__}")
+        report.line("# a CPU rehearsal, no GPU")
     versions = [f"{name} {package_version(name)}" for name in ("transformers", "ctranslate2")]
-    report.line(
-        f"# {'; '.join(versions)}; {os.cpu_count()} CPUs; parts: {args.parts}, budget "
-        f"{budget:.0f} s"
-    )
+    report.line(f"# {'; '.join(versions)}; parts: {args.parts}, budget {budget:.0f} s")
     if device is not None:
         from transformer_mt.train.flops import peak_flops
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # make gpu-check: the CUDA path, a core run of at most 4 minutes (the tests and the headline
-# figures; --parts extra: the optional second run, about 8 minutes; scripts/gpu_check.py says what
-# each part measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's output
-# in GPU_CHECK_LOG. Without a CUDA GPU it says so in one line and exits 0.
+# figures; --parts extra: the optional second run, about 8 minutes; benchmarks/gpu_check.py says
+# what each part measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's
+# output in GPU_CHECK_LOG. Without a CUDA GPU it says so in one line and exits 0.
 #
-#   bash scripts/gpu_check.sh                    # python: PYTHON, else .venv/bin/python, else python3
-#   bash scripts/gpu_check.sh --parts extra      # the optional run (make gpu-check ARGS=...)
-#   bash scripts/gpu_check.sh --rehearse-on-cpu --parts all   # every part, small, on the CPU
-#   bash scripts/gpu_check.sh --prepare-wheels   # where pip reaches PyPI: fill .whl/ (see below)
+#   bash benchmarks/gpu_check.sh                 # python: PYTHON, else .venv/bin/python, else python3
+#   bash benchmarks/gpu_check.sh --parts extra      # the optional run (make gpu-check ARGS=...)
+#   bash benchmarks/gpu_check.sh --rehearse-on-cpu --parts all   # every part, small, on the CPU
+#   bash benchmarks/gpu_check.sh --prepare-wheels   # where pip reaches PyPI: fill .whl/ (see below)
 #
 # A machine without a network and without some of our packages (hydra-core, omegaconf, antlr4,
 # ctranslate2: the lent H200 image has torch, transformers, sentencepiece, sacrebleu) gets them as
@@ -52,7 +52,7 @@ for argument in "$@"; do
     [ "$argument" = "--rehearse-on-cpu" ] && rehearsal=yes
 done
 if [ "$rehearsal" = no ]; then
-    "$PY" scripts/gpu_check.py --probe
+    "$PY" -m benchmarks.gpu_check --probe
     case $? in
         0) ;;
         3) exit 0 ;;
@@ -74,4 +74,4 @@ fi
 # The repository itself, for a machine where the package is not installed.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-exec "$PY" scripts/gpu_check.py "$@"
+exec "$PY" -m benchmarks.gpu_check "$@"

@@ -3,7 +3,7 @@ other, to a server on this machine (loopback only), bounded in count and time; t
 server stopped, the library's Translator on the same sentences, one at a time and all at once.
 
     make bench-serve RUN=runs/multi30k_de_en_small
-    .venv/bin/python scripts/bench_serve.py --run runs/x --requests 400 --clients 8
+    .venv/bin/python -m benchmarks.bench_serve --run runs/x --requests 400 --clients 8
 
 Reported: requests/s, p50 / p95 latency of the server; sentences/s of the library. Decoding is
 the run's default (beam 4, length penalty 0.6) in both.
@@ -12,21 +12,14 @@ the run's default (beam 4, length penalty 0.6) in both.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import shlex
 import statistics
-import subprocess
-import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 
-from browser_check import free_port, start_server
-
+from benchmarks.browser_check import free_port, start_server
+from benchmarks.measure import in_fresh_process, report_header
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.run_dir import RunDir
 
@@ -85,14 +78,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0, help="and at most this long")
     args = parser.parse_args()
     sources = [source for source, _ in read_pairs(RunDir(args.run).data_config(), "test")]
-    print("# make bench-serve: tmt-serve under concurrent clients, beside the library")
-    print(f"# command: {shlex.join([Path(sys.executable).name, *sys.argv])}")
-    print(f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}")
     print(
-        f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; load "
-        f"average at start {os.getloadavg()[0]:.2f}; model: {args.run}/checkpoints/last.pt; "
-        "decoding: the run's defaults (beam 4)"
+        *report_header("make bench-serve: tmt-serve under concurrent clients, beside the library"),
+        sep="\n",
     )
+    print(f"# model: {args.run}/checkpoints/last.pt; decoding: the run's defaults (beam 4)")
     port = free_port()
     server = start_server(args.run, port)
     try:
@@ -107,34 +97,27 @@ def main() -> None:
         f" {n / wall:.1f} requests/s; latency p50 {1000 * percentile(latencies, 0.5):.0f} ms, "
         f"p95 {1000 * percentile(latencies, 0.95):.0f} ms"
     )
-    library = subprocess.run(
-        [sys.executable, "-c", LIBRARY, args.run, json.dumps(sources[:n])],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    one, many = json.loads(library.stdout)
+    one, many = in_fresh_process(time_library, args.run, sources[:n])
     print(
         f"library (Translator in one process, server stopped), the same {n} sentences: one at a "
         f"time {n / one:.1f} sentences/s; all at once (batched) {n / many:.1f} sentences/s"
     )
 
 
-LIBRARY = """
-import json, sys, time
-import torch
-from transformer_mt.decode.loading import load_translator
-translator = load_translator(sys.argv[1], device="cpu")
-sentences = json.loads(sys.argv[2])
-translator.translate(sentences[:8])
-started = time.perf_counter()
-for sentence in sentences:
-    translator.translate([sentence])
-one = time.perf_counter() - started
-started = time.perf_counter()
-translator.translate(sentences)
-print(json.dumps([one, time.perf_counter() - started]))
-"""
+def time_library(run: str, sentences: list[str]) -> tuple[float, float]:
+    """In a process of its own, the server stopped: the seconds of the library's Translator on
+    `sentences` one at a time, then all at once (after a warm-up on 8)."""
+    from transformer_mt.decode.loading import load_translator
+
+    translator = load_translator(run, device="cpu")
+    translator.translate(sentences[:8])
+    started = time.perf_counter()
+    for sentence in sentences:
+        translator.translate([sentence])
+    one = time.perf_counter() - started
+    started = time.perf_counter()
+    translator.translate(sentences)
+    return one, time.perf_counter() - started
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The training loss alone, the plain form against the chunked one: time and peak memory of
 forward + backward, and whether they compute the same values.
 
-    python scripts/bench_loss.py                        # 37,000 pieces, a 16,384-token batch
-    python scripts/bench_loss.py --vocab 8000 --tokens 4096 --repeats 5
+    python -m benchmarks.bench_loss                        # 37,000 pieces, a 16,384-token batch
+    python -m benchmarks.bench_loss --vocab 8000 --tokens 4096 --repeats 5
 
 plain: label_smoothed_loss over the logits of F.linear(hidden, weight), what the trainer ran
 before (the (tokens x V) logits, their fp32 log-softmax and its gradient all alive at once).
@@ -13,32 +13,36 @@ memory in its heap, as tmt-train does (device.keep_freed_host_memory). Both get 
 hidden states (B, T, D), tied weight (V, D) and targets, with the padding of --padding of the
 positions at the end of the rows, as a length-sorted batch has.
 
-Each form runs in its own spawned process, ABBA (plain, chunked, chunked, plain), so that the
-peak RSS it reports is its own: the process's peak after forward + backward minus its peak after
-the inputs were made. Time: the median of --repeats forward + backward passes after one untimed
-pass. Then, in this process, both forms on the same inputs: the loss, the nll and both gradients
-compared (fp32).
+Each form runs in a fresh process of its own (benchmarks/measure.py), ABBA (plain, chunked,
+chunked, plain), so that the peak RSS it reports is its own: the process's peak after forward +
+backward minus its peak after the inputs were made. Time: the median of --repeats forward +
+backward passes after one untimed pass. Then, in this process, both forms on the same inputs: the
+loss, the nll and both gradients compared (fp32).
 """
 
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import resource
+import functools
 import statistics
-import time
 
 import torch
 
-from transformer_mt import onednn
+from benchmarks.measure import (
+    abba_order,
+    in_fresh_process,
+    median_seconds,
+    peak_rss_mib,
+    report_header,
+)
+from transformer_mt.config import CpuLinear, TrainerConfig
 from transformer_mt.device import keep_freed_host_memory
+from transformer_mt.execution import CpuProducts, ExecutionPolicy
 from transformer_mt.train.loss import label_smoothed_loss, projected_loss
 
 PAD = 0
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+FORMS = ("plain", "chunked")
+CPU = torch.device("cpu")
 
 
 def inputs(args, seed: int = 0):
@@ -58,36 +62,29 @@ def run(form: str, hidden, weight, target, args):
         logits = torch.nn.functional.linear(hidden, weight)
         sums = label_smoothed_loss(logits, target, epsilon=args.epsilon, pad_id=PAD)
     else:
-        by_onednn = args.cpu_linear == "onednn" and onednn.available()  # as the trainer's policy
-        sums = projected_loss(
-            hidden, weight, target, epsilon=args.epsilon, pad_id=PAD, by_onednn=by_onednn
+        policy = ExecutionPolicy.for_training(
+            TrainerConfig(cpu_linear=CpuLinear(args.cpu_linear)), CPU
         )
+        with policy.forward():  # as the trainer calls it
+            by_onednn = policy.cpu_products == CpuProducts.onednn
+            sums = projected_loss(
+                hidden, weight, target, epsilon=args.epsilon, pad_id=PAD, by_onednn=by_onednn
+            )
     sums.loss.backward()
     return float(sums.loss.detach()), float(sums.nll.detach()), hidden.grad, weight.grad
 
 
-def worker(form: str, args, conn) -> None:
+def measure(form: str, args) -> dict:
+    """In a process of its own: the median seconds of the form's passes (the first, untimed,
+    makes the first-touch allocations) and the peak RSS they added above the inputs'."""
     torch.set_num_threads(args.threads)
     keep_freed_host_memory()  # as tmt-train sets its process up on the CPU
     hidden, weight, target = inputs(args)
-    setup = peak_rss_mb()
-    run(form, hidden, weight, target, args)  # untimed: first-touch allocations
-    seconds = []
-    for _ in range(args.repeats):
-        started = time.perf_counter()
-        run(form, hidden, weight, target, args)
-        seconds.append(time.perf_counter() - started)
-    conn.send({"seconds": statistics.median(seconds), "peak_mb": peak_rss_mb() - setup})
-
-
-def measure(form: str, args) -> dict:
-    context = mp.get_context("spawn")
-    parent, child = context.Pipe()
-    process = context.Process(target=worker, args=(form, args, child))
-    process.start()
-    result = parent.recv()
-    process.join()
-    return result
+    setup = peak_rss_mib()
+    seconds = median_seconds(
+        functools.partial(run, form, hidden, weight, target, args), args.repeats
+    )
+    return {"seconds": seconds, "peak_mb": peak_rss_mib() - setup}
 
 
 def main() -> None:
@@ -109,10 +106,14 @@ def main() -> None:
         help="the chunked loss's products, as trainer.cpu_linear",
     )
     args = parser.parse_args()
-    results = {"plain": [], "chunked": []}
-    for form in ("plain", "chunked", "chunked", "plain"):
-        results[form].append(measure(form, args))
+    results = {form: [] for form in FORMS}
+    for turn in range(2):
+        for form in abba_order(FORMS, turn):
+            results[form].append(in_fresh_process(measure, form, args))
     rows = args.tokens // args.length
+    print(
+        *report_header("the training loss alone: the plain form against the chunked one"), sep="\n"
+    )
     print(
         f"loss alone: vocab {args.vocab:,}, {rows} x {args.length} = {rows * args.length:,} "
         f"positions ({args.padding:.0%} padding), d_model {args.d_model}, fp32, "

@@ -25,6 +25,8 @@ from torch.autograd import DeviceType
 from torch.autograd.profiler_util import FunctionEvent
 from torch.profiler import ProfilerActivity, profile, schedule
 
+from benchmarks.measure import synchronize
+
 SKIPPED, WARMUP, PROFILED = 1, 1, 3  # updates: torch.profiler.schedule's wait, warmup, active
 KINDS = (  # first match wins; CUDA kernel names (cuBLAS, flash attention, Triton) or aten ops
     ("attention", r"flash|fmha|attention|sdpa"),  # before matmul: some are cutlass kernels
@@ -119,8 +121,7 @@ def profile_update(update: Callable[[], object], device: torch.device, top: int 
     steps = SKIPPED + WARMUP + PROFILED
 
     def wait_for_device() -> float:
-        if on_gpu:
-            torch.cuda.synchronize(device)
+        synchronize(device)
         return time.perf_counter()
 
     plan = schedule(wait=SKIPPED, warmup=WARMUP, active=PROFILED, repeat=1)

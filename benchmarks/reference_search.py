@@ -1,7 +1,7 @@
 """The tutorial approach to beam search, kept as the reference that ours must equal: every step
 runs the decoder over each beam's whole prefix (no KV cache), one beam and one sentence at a
-time. test_search.py checks our batched, cached search against it; `make bench-decode` times
-both."""
+time. tests/decode/test_search.py checks our batched, cached search against it; `make bench-decode`
+times both (bench_decode.py)."""
 
 import torch
 import torch.nn.functional as F
