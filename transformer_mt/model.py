@@ -150,7 +150,7 @@ def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = No
     The values of F.scaled_dot_product_attention up to float rounding, as two batched matrix
     products around a softmax: on the CPU, SDPA's kernel (built to block long queries) took
     1.5-2.9x their time for one query row (1,200 rows, 4 heads, 8-40 keys, the mask's bias built
-    in the call; scripts/bench_decode_kernels.py, benchmarks/decode.txt).
+    in the call; benchmarks/bench_decode_kernels.py, benchmarks/decode.txt).
     """
     batch, heads, queries, head_dim = q.shape
     q, k, v = (t.reshape(batch * heads, t.shape[2], head_dim) for t in (q, k, v))

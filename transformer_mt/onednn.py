@@ -9,7 +9,7 @@ nn.Linear), multiplies faster on this project's 2-core machine:
 - training's shapes (a 4,096-token batch: 2,000-4,000 rows, 256-8,000 wide), the reorder paid
   at every call since the weights change at every update: 1.05-1.42x forward, 0.98-1.43x for
   the gradient of the input. The gradient of the weight, a product along the rows, is faster
-  by torch's mm (oneDNN 0.5-0.9x), which keeps it (scripts/bench_train_kernels.py,
+  by torch's mm (oneDNN 0.5-0.9x), which keeps it (benchmarks/bench_train_kernels.py,
   benchmarks/train_speed.txt).
 
 `TrainingLinear` is an nn.Linear whose products take that kernel, with gradients: the training
@@ -31,7 +31,7 @@ from torch.nn.utils import skip_init
 # it picks a layout for a single row; a product with a new row count then took up to 6.3x the
 # time it took with a weight reordered for 1,024 rows (4 rows; 0.97-1.35x at 600-3,000), and at
 # 3,000 rows by 8,000 x 256 it left ten times the memory in the heap (899 MB against 92 over ten
-# calls; scripts/bench_train_kernels.py, part 2). The actual row count of each call, in the
+# calls; benchmarks/bench_train_kernels.py, part 2). The actual row count of each call, in the
 # reorder, cost a reorder of its own in oneDNN's cache for every new count (12 MB each at
 # 256 x 1,024, measured outside the project); one fixed count does not.
 EXPECTED_ROWS = 1024

@@ -6,7 +6,7 @@ and output projection multiply with weights made ready for one kernel, once, whe
   pair of ops that torch.compile's CPU freezing puts in place of nn.Linear). torch's F.linear
   on the CPU gives MKL the weight as it lies; at decoding's shapes (a few to a few thousand
   rows, 256-1024 wide) that ran 1.1-3.2x slower than the prepacked product on this project's
-  2-core machine (scripts/bench_decode_kernels.py, in a process that keeps freed memory as the
+  2-core machine (benchmarks/bench_decode_kernels.py, in a process that keeps freed memory as the
   commands do), and a beam search with the prepacked product took 0.85x the time
   (benchmarks/decode.txt). The same float32 products, summed in
   another order: results differ by float32 rounding, so a near-tie in a search may rank the

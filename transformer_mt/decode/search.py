@@ -141,7 +141,7 @@ def combined_log_probs(logits: list[Tensor]) -> Tensor:
 
     One fused log_softmax over the vocabulary: on the CPU, torch.logsumexp (max, subtract, exp,
     sum: four passes, a temporary as large as the logits) took 1.7-2.2x its time (1,200 x
-    8,000 logits; scripts/bench_decode_kernels.py), although it writes no log-probabilities.
+    8,000 logits; benchmarks/bench_decode_kernels.py), although it writes no log-probabilities.
     """
     log_probs = [member.log_softmax(dim=-1) for member in logits]
     if len(log_probs) == 1:

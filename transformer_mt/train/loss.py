@@ -19,7 +19,7 @@ simple passes over (chunk x V), all but two in place: the row maxima, the subtra
 their row sums, and for the gradient the division that makes them the softmax (and, under
 autocast, the cast of the gradient to the matmuls' dtype); logsumexp would allocate a
 (chunk x V) temporary of its own. The plain loss makes about ten passes over the whole
-(tokens x V) in fp32 and keeps several of them alive at once (scripts/bench_loss.py times the
+(tokens x V) in fp32 and keeps several of them alive at once (benchmarks/bench_loss.py times the
 two).
 `label_smoothed_loss` is that plain form over given logits: the reference the tests hold
 `projected_loss` to.
