@@ -70,6 +70,7 @@ and on a GPU the host's operators by their own CPU time.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import os
 import statistics
@@ -99,7 +100,7 @@ from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
 from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.errors import TransformerMTError
-from transformer_mt.execution import COMPILED_LENGTH_MULTIPLE, ExecutionPolicy
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import Dropout, count_parameters
 from transformer_mt.run_dir import RunDir
@@ -522,10 +523,10 @@ def first_batches(
 
 
 def collated(
-    data: PreparedData, batches: list[list[np.ndarray]], length_multiple: int = 1
+    data: PreparedData, batches: list[list[np.ndarray]], round_lengths: bool = False
 ) -> list[list[Batch]]:
-    """The updates' micro-batches collated, padded lengths rounded up to `length_multiple` (as
-    the trainer collates them for a compiled model)."""
+    """The updates' micro-batches collated, padded lengths rounded as the trainer collates them
+    where its execution policy rounds them (ExecutionPolicy.round_lengths)."""
     return [
         [
             collate(
@@ -534,7 +535,7 @@ def collated(
                 pad_id=PAD_ID,
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
-                length_multiple=length_multiple,
+                round_lengths=round_lengths,
             )
             for b in update
         ]
@@ -733,6 +734,12 @@ def compiles(kind: str, args) -> bool:
     return kind == OURS_COMPILED or (args.compile and kind in (OURS, OURS_PLAIN))
 
 
+def rounds_lengths(kind: str, job: TrainJob, device: torch.device, args) -> bool:
+    """Whether the trainer's execution policy would round this column's padded lengths."""
+    settings = dataclasses.replace(job.trainer, compile=str(compiles(kind, args)).lower())
+    return ExecutionPolicy.for_training(settings, device).round_lengths
+
+
 def chosen_columns(args) -> list[str]:
     """--columns as kinds, in order; Marian's left out (said why) where transformers is not."""
     names = [name.strip() for name in args.columns.split(",") if name.strip()]
@@ -854,9 +861,10 @@ def main() -> None:
             batches = first_batches(job, *lengths, updates, args.update_tokens)
         vocab_size = data.tokenizers.tgt.vocab_size
         steps = collated(data, batches)
-        # A compiled model gets the same batches with its padded lengths rounded up, as the
-        # trainer collates them (its padded FLOPs count them; its real ones are the same).
-        bucketed = collated(data, batches, COMPILED_LENGTH_MULTIPLE)
+        # Where the trainer's policy rounds padded lengths (on CUDA, and compiled), a column gets
+        # the same batches rounded as the trainer collates them (its padded FLOPs count the
+        # rounding; its real ones are the same).
+        rounded = collated(data, batches, round_lengths=True)
         load_before = os.getloadavg()[0]
         generated = args.data == "generated"
         worker_data = data if generated else None  # the workers read the prepared corpus's cache
@@ -866,7 +874,7 @@ def main() -> None:
                 job,
                 worker_data,
                 vocab_size,
-                bucketed if compiles(kind, args) else steps,
+                rounded if rounds_lengths(kind, job, device, args) else steps,
                 args,
             )
             for kind in kinds

@@ -104,14 +104,14 @@ def probe() -> int:
 # ---- output --------------------------------------------------------------------------------------
 class Report:
     """The results file and stdout, line by line (appended as they come, not written once at the
-    end: a run killed at its limit keeps what it measured); the full log beside it."""
+    end: a run killed at its limit keeps what it measured; the file keeps every earlier run's
+    section), and the full log beside it (a new one per run, unless `append`)."""
 
     def __init__(self, output: Path, log: Path, *, append: bool = False):
         output.parent.mkdir(parents=True, exist_ok=True)
         log.parent.mkdir(parents=True, exist_ok=True)
-        mode = "a" if append else "w"
-        self.output = output.open(mode, encoding="utf-8", buffering=1)
-        self.log = log.open(mode, encoding="utf-8", buffering=1)
+        self.output = output.open("a", encoding="utf-8", buffering=1)
+        self.log = log.open("a" if append else "w", encoding="utf-8", buffering=1)
         self.lock = threading.Lock()
         self.paths = output, log
 

@@ -10,7 +10,7 @@ import transformer_mt
 
 LAYERS = [
     # configs, errors, files, locks, devices, the torch build for the driver
-    {"config", "errors", "files", "run_lock", "device", "torch_builds", "onednn"},
+    {"config", "errors", "files", "run_lock", "device", "torch_builds", "onednn", "shapes"},
     # how a device runs the model: precision, attention kernels, compile, CPU products
     {"execution"},
     {"data"},  # sources, toy corpus, cleaning, SentencePiece, store, batching

@@ -2,12 +2,12 @@
 
 A run's policy is built once from its settings and its device, and validated with them, before
 anything is written: the precision autocast computes in, the attention kernels
-F.scaled_dot_product_attention may use and in which order, whether torch.compile runs, and which
-kernel multiplies the linear layers on the CPU. Training, validation and every search take it:
-`forward()` is the one context a forward pass runs in, `with_kernels` and `compiled` the one way
-a module gets the policy's kernels and compiler. Nothing else in the package enters autocast,
-SDPA-kernel or oneDNN contexts (the loss turns autocast off around its own products, whose
-precision the policy gives it: train/loss.py).
+F.scaled_dot_product_attention may use and in which order, whether torch.compile runs, which
+kernel multiplies the linear layers on the CPU, and whether batch lengths are rounded to few
+shapes. Training, validation and every search take it: `forward()` is the one context a forward
+pass runs in, `with_kernels` the one way a model gets the policy's kernels and compiler. Nothing
+else in the package enters autocast, SDPA-kernel or oneDNN contexts (the loss turns autocast off
+around its own products, whose precision the policy gives it: train/loss.py).
 
 The attention order on CUDA is ours, not torch's: flash, then memory-efficient, then math.
 torch 2.9 and later put cuDNN's attention first on H100/H200 (cuDNN >= 9.15), and cuDNN builds an
@@ -59,15 +59,14 @@ SDPA_KERNELS = {
 # math only, and torch orders them well).
 AUTO_ATTENTION = {"cuda": (SdpaBackend.flash, SdpaBackend.efficient, SdpaBackend.math)}
 
-# Device kinds where trainer.compile=auto compiles, and why (the log line says it).
-AUTO_COMPILES = {
-    "cuda": "on for CUDA (fused elementwise kernels, fewer launches; not yet measured on a GPU)",
+# trainer.compile=auto compiles on no device yet: on the CPU the compiled step measured slower
+# than the eager one, and on CUDA no compiled step has been timed (`should_compile`).
+AUTO_COMPILE_OFF = {
     "cpu": "off on the CPU, where the compiled step measured slower than the eager one "
     "(benchmarks/train_speed.txt)",
+    "cuda": "off on CUDA until make gpu-check measures the compiled step faster than the eager "
+    "one (benchmarks/gpu.txt)",
 }
-# Padded lengths are rounded up to a multiple of this when compiling, so that the compiled
-# graphs meet a few shapes again and again instead of a new one every micro-batch.
-COMPILED_LENGTH_MULTIPLE = 8
 
 
 class CpuProducts(str, Enum):
@@ -136,9 +135,14 @@ class ExecutionPolicy:
         )
 
     @property
-    def length_multiple(self) -> int:
-        """What padded lengths are rounded up to: few shapes for compiled graphs, else none."""
-        return COMPILED_LENGTH_MULTIPLE if self.compile else 1
+    def round_lengths(self) -> bool:
+        """Whether batches' padded lengths are rounded up to 8 lengths per doubling
+        (data/batching.batch_shapes): on CUDA, where every new shape costs a kernel's plan, the
+        allocator's blocks and (compiled) guards, and wherever the model is compiled. A
+        WMT-like epoch of 25,000-token updates meets 2.4x fewer shapes (1,622 against 3,856 in
+        11,445 micro-batches) for 3.7% padded positions against 0.7%
+        (tests/data/test_batching.py)."""
+        return self.device.type == "cuda" or self.compile
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
@@ -155,17 +159,18 @@ class ExecutionPolicy:
             yield
 
     def with_kernels(self, model: nn.Module) -> nn.Module:
-        """`model` as the training step runs it: with oneDNN's products on the CPU, a copy whose
-        linear layers multiply by oneDNN's kernel (onednn.TrainingLinear) over the model's own
-        parameters, so that the optimizer, the checkpoint and validation BLEU see one set of
-        weights; otherwise the model itself."""
-        if self.cpu_products != CpuProducts.onednn:
+        """`model` as the training step runs it: where the policy has kernels of its own, a copy
+        over the model's own parameters (so that the optimizer, the checkpoint and validation
+        BLEU's searches see one set of weights, and the searches the model as it is), with
+        oneDNN's products on the CPU (onednn.TrainingLinear) and, where it compiles, each of its
+        repeated layers compiled (`compile_repeated_layers`); otherwise the model itself."""
+        onednn_products = self.cpu_products == CpuProducts.onednn
+        if not (onednn_products or self.compile):
             return model
-        return copy_with_linears(model, onednn.TrainingLinear.over)
-
-    def compiled(self, module: nn.Module) -> nn.Module:
-        """`module` through torch.compile where the policy compiles, else itself."""
-        return torch.compile(module, dynamic=True) if self.compile else module
+        copied = copy_with_linears(model, onednn.TrainingLinear.over if onednn_products else None)
+        if self.compile:
+            compile_repeated_layers(copied)
+        return copied
 
     def describe(self) -> str:
         """One line for the log: what this policy runs."""
@@ -205,16 +210,18 @@ def attention_order(
 
 
 def should_compile(value: object, device: torch.device) -> bool:
-    """trainer.compile decided for `device`, the decision and why logged. auto decides by the
-    device kind. On the CPU the compiled step measured slower than the eager one
-    (benchmarks/train_speed.txt: model=small on Multi30k, 0.81x the eager step's speed per
-    update in the median in run 7, 0.68x in run 8 on another machine, before counting its
-    compile time), so auto leaves it off there. On CUDA it is on: `make gpu-check` times eager
-    against compiled, and this rule follows what it measures."""
+    """trainer.compile decided for `device`, the decision and why logged. auto compiles where a
+    compiled step has measured faster than the eager one, which is nowhere yet. On the CPU it
+    measured slower (benchmarks/train_speed.txt: model=small on Multi30k, 0.81x the eager
+    step's speed per update in the median in run 7, 0.68x in run 8 on another machine, before
+    counting its compile time). On CUDA the whole step compiled cost minutes on the first GPU
+    run and was never timed to the end (2026-12-04, benchmarks/gpu.txt); the layers compiled
+    one by one (`compile_repeated_layers`) are timed by `make gpu-check` against eager, and
+    this rule follows what it measures."""
     setting = compile_setting(value)
     if setting is None:
-        setting = device.type == "cuda"
-        why = AUTO_COMPILES.get(device.type, f"off on {device.type}: not measured there")
+        setting = False
+        why = AUTO_COMPILE_OFF.get(device.type, f"off on {device.type}: not measured there")
         log.info("trainer.compile=auto: %s", why)
     if setting and (missing := missing_build_tools()):
         log.warning("trainer.compile: %s, so the model trains without torch.compile", missing)
@@ -238,13 +245,26 @@ def missing_build_tools() -> str | None:
     return None
 
 
-def copy_with_linears(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> nn.Module:
+def copy_with_linears(
+    model: nn.Module, make: Callable[[nn.Linear], nn.Module] | None = None
+) -> nn.Module:
     """A copy of `model` (of its own class, new modules over the same parameters and buffers)
-    whose every nn.Linear is replaced by make(linear); `model` is left as it is."""
+    whose every nn.Linear is replaced by make(linear) (None: kept); `model` is left as it is."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
     copied = copy.deepcopy(model, memo=shared)
-    for parent in list(copied.modules()):
+    for parent in list(copied.modules()) if make else []:
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
                 setattr(parent, name, make(child))
     return copied
+
+
+def compile_repeated_layers(model: nn.Module) -> None:
+    """Compile each of the model's repeated layers in place (regional compilation: the
+    Transformer's `repeated_layers()`, its encoder and decoder layers). The layers of a stack
+    share their code, so Dynamo traces one encoder layer and one decoder layer, and their
+    graphs serve every layer of the stack, where the whole step compiled as one graph traced
+    all twelve; the embeddings, the final norms and the chunked loss stay eager. Dynamic
+    shapes: a new batch shape reuses the graphs."""
+    for layer in model.repeated_layers():
+        layer.compile(dynamic=True)

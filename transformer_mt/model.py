@@ -398,9 +398,11 @@ class DecoderLayer(nn.Module):
         memory_k: Tensor,
         memory_v: Tensor,
         src_keep: Tensor,
-        cache: DecoderCache | None,
-        layer: int,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
     ) -> Tensor:
+        """`layer`: this layer's index in `cache` (incremental decoding only, so that a compiled
+        layer's training graph sees no integer that differs from layer to layer)."""
         x = self.self_block(x, lambda h: self.self_attn(h, causal=True, cache=cache, layer=layer))
         x = self.cross_block(x, lambda h: self.cross_attn(h, memory_k, memory_v, src_keep))
         return self.ffn_block(x, self.ffn)
@@ -498,10 +500,16 @@ class Transformer(nn.Module):
         for index, layer in enumerate(self.decoder):
             if cache is None:
                 memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
+                x = layer(x, memory_k, memory_v, encoded.src_keep)
             else:
                 memory_k, memory_v = cache.cross_k[index], cache.cross_v[index]
-            x = layer(x, memory_k, memory_v, encoded.src_keep, cache, index)
+                x = layer(x, memory_k, memory_v, encoded.src_keep, cache, index)
         return self.decoder_norm(x)
+
+    def repeated_layers(self) -> list[nn.Module]:
+        """The encoder's and the decoder's layers: what the execution policy compiles one by
+        one (execution.compile_repeated_layers)."""
+        return [*self.encoder, *self.decoder]
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V)."""

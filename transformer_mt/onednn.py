@@ -27,6 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import skip_init
 
+from transformer_mt.shapes import in_eighth_steps
+
 # The row count oneDNN is told to expect when a weight is reordered. Without one (torch's default)
 # it picks a layout for a single row; a product with a new row count then took up to 6.3x the
 # time it took with a weight reordered for 1,024 rows (4 rows; 0.97-1.35x at 600-3,000), and at
@@ -76,8 +78,7 @@ def decoding_rows(count: int) -> int:
     shapes, 963 MiB and flat, the same translations, 0.96x the time. On the 1,000 lines once,
     1.03x the time (benchmarks/decode.txt, 2026-12-04). A single sentence's 1-15 rows stay as
     they are: padding them would multiply small products by up to 8."""
-    step = 1 << max(count.bit_length() - 4, 0)
-    return count + -count % step
+    return in_eighth_steps(count)
 
 
 def product_in_row_steps(

@@ -53,6 +53,11 @@ class RunDir:
     def tensorboard(self) -> Path:
         return self.path / "tensorboard"
 
+    @property
+    def compile_cache(self) -> Path:
+        """torch.compile's cache of a run that compiles: its kernels, found again on resume."""
+        return self.path / "compile-cache"
+
     def checkpoint(self, name: str) -> Path:
         """A checkpoint (or exported model) name inside checkpoints/, or a path as given."""
         candidate = Path(name)

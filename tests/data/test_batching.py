@@ -4,8 +4,17 @@ the batch plan: the smallest update at or above the asked size, with no cliffs."
 import numpy as np
 import pytest
 
+from benchmarks.bench_train import generated_lengths
 from transformer_mt.config import compose_job
-from transformer_mt.data.batching import LengthProfile, collate, pack, plan_batches, token_batches
+from transformer_mt.data.batching import (
+    LengthProfile,
+    batch_shapes,
+    collate,
+    epoch_batches,
+    pack,
+    plan_batches,
+    token_batches,
+)
 from transformer_mt.data.store import ParallelTokens, TokenArray
 
 
@@ -228,3 +237,21 @@ def test_a_target_token_plan_says_what_it_holds():
         f"2 ranks x {plan.accumulation} micro-batches of {plan.micro_batch_tokens:,} padded "
         f"tokens = about {plan.target_tokens:,.0f} target tokens per update"
     )
+
+
+def test_rounded_lengths_give_an_epoch_few_shapes_for_a_little_padding():
+    """A WMT-like epoch: the lengths of 4.5M generated pairs (WMT14 en-de's count) in the
+    micro-batches of the base recipe's plan on one GPU (2 x 13,243 padded tokens an update).
+    Rounded as ExecutionPolicy.round_lengths has them on CUDA, the epoch meets at most 1,700
+    distinct shapes, under half of the exact lengths' (about 3,900), for padded positions at
+    most 4% above the real ones (exact: under 1%)."""
+    src, tgt = generated_lengths(4_500_000, np.random.default_rng(1))
+    batches = epoch_batches(src, tgt, 13_243, seed=1, epoch=0)
+    real = int((src + 1).sum() + (tgt + 1).sum())
+    counts = {}
+    for rounded in (False, True):
+        shapes = batch_shapes(batches, src, tgt, round_lengths=rounded)
+        counts[rounded] = len(np.unique(shapes, axis=0))
+        padded = int((shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum())
+        assert padded <= (1.04 if rounded else 1.01) * real
+    assert counts[True] <= 1_700 and counts[True] < counts[False] / 2, counts

@@ -3,19 +3,19 @@ micro-batch equal to an eager one, and shapes that stop making new graphs."""
 
 from __future__ import annotations
 
-import copy
 import logging
 
 import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from transformer_mt import execution
 from transformer_mt.commands.train import train
-from transformer_mt.config import ModelConfig, compile_setting
+from transformer_mt.config import ModelConfig, TrainerConfig, compile_setting
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.errors import ConfigError
-from transformer_mt.execution import should_compile
+from transformer_mt.execution import ExecutionPolicy, should_compile
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train import compiling
@@ -82,15 +82,15 @@ def test_without_python_headers_training_is_eager(monkeypatch, tmp_path, caplog)
     assert "Python headers" in caplog.text and "python3-dev" in caplog.text
 
 
-def tiny_loss(seed: int = 0) -> TrainingLoss:
+def tiny_model(seed: int = 0) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(
         d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2, dropout=0.0
     )
-    return TrainingLoss(Transformer(cfg, vocab_size=50, pad_id=0), epsilon=0.1, pad_id=0)
+    return Transformer(cfg, vocab_size=50, pad_id=0)
 
 
-def batch(rows: int, src_length: int, tgt_length: int, seed: int, multiple: int = 8):
+def batch(rows: int, src_length: int, tgt_length: int, seed: int):
     """A padded batch of random pairs (ids 3..49) with lengths up to the given ones."""
     rng = np.random.default_rng(seed)
 
@@ -101,9 +101,9 @@ def batch(rows: int, src_length: int, tgt_length: int, seed: int, multiple: int 
 
     src, tgt = side(src_length), side(tgt_length)
     return (
-        pad_sequences(src, 0, suffix=2, multiple=multiple),
-        pad_sequences(tgt, 0, prefix=1, multiple=multiple),
-        pad_sequences(tgt, 0, suffix=2, multiple=multiple),
+        pad_sequences(src, 0, suffix=2),
+        pad_sequences(tgt, 0, prefix=1),
+        pad_sequences(tgt, 0, suffix=2),
     )
 
 
@@ -115,12 +115,15 @@ def loss_and_gradients(module: torch.nn.Module, tensors) -> tuple[torch.Tensor, 
 
 
 @pytest.mark.slow
-def test_a_compiled_micro_batch_equals_an_eager_one_and_shapes_stop_making_graphs():
-    # fp32, dropout off: the compiled graph computes the same sums in another order (fused
+def test_compiled_layers_equal_eager_ones_and_every_layer_shares_their_graphs():
+    # fp32, dropout off: the compiled layers compute the same sums in another order (fused
     # kernels), so loss, nll and every gradient agree to float32 rounding; 1e-5 of each tensor's
     # largest entry is two orders of magnitude above it and far below any real difference.
-    eager = tiny_loss()
-    compiled = torch.compile(copy.deepcopy(eager), dynamic=True)
+    model = tiny_model()
+    eager = TrainingLoss(model, epsilon=0.1, pad_id=0)
+    policy = ExecutionPolicy.for_training(TrainerConfig(compile="true"), CPU)
+    compiled = TrainingLoss(policy.with_kernels(model), epsilon=0.1, pad_id=0)
+    assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     shapes = [(6, 11, 9), (5, 17, 21), (7, 30, 12), (3, 9, 28), (8, 22, 19), (4, 14, 6)]
@@ -135,9 +138,9 @@ def test_a_compiled_micro_batch_equals_an_eager_one_and_shapes_stop_making_graph
         for g, w in zip(got_grads, want_grads, strict=True):
             assert (g - w).abs().max() <= 1e-5 * w.abs().max()
         graphs.append(CompileCounts.now())
-    # Dynamic shapes after the first recompile: the later shapes reuse the compiled graphs.
-    assert graphs[-1] == graphs[2], graphs
-    assert graphs[-1].graphs >= 1
+    # One graph for the encoder's layers and one for the decoder's, traced once with dynamic
+    # shapes: no layer after the first of its stack, and no later shape, compiles again.
+    assert graphs[0].graphs == 2 and graphs[-1] == graphs[0], graphs
 
 
 def test_recompiles_are_counted_and_warned_about_at_the_limit(caplog):
@@ -153,3 +156,24 @@ def test_recompiles_are_counted_and_warned_about_at_the_limit(caplog):
             watch.check(length)
     assert CompileCounts.now().recompiles - before == 2
     assert "torch.compile recompiled" in caplog.text
+
+
+@pytest.mark.slow
+def test_a_resumed_run_finds_its_compiled_kernels_in_the_run_folder(
+    tiny_train_job, monkeypatch, caplog
+):
+    """The first start compiles into the run folder's compile-cache/; the resumed start reads
+    its graphs from there (Inductor's FX graph cache: hits, no misses)."""
+    monkeypatch.delenv(compiling.CACHE_SETTING, raising=False)  # the run folder's, not the user's
+    job = tiny_train_job("trainer.compile=true", "trainer.max_steps=1", "trainer.valid_every=0")
+    first = train(job).parents[1] / "compile-cache"
+    assert any(path.is_file() for path in first.rglob("*"))
+    torch._dynamo.reset()  # a new process would start with no graphs in memory
+    torch._dynamo.utils.counters.clear()
+    with caplog.at_level(logging.INFO):
+        train(
+            tiny_train_job("trainer.compile=true", "trainer.max_steps=2", "trainer.valid_every=0")
+        )
+    assert f"torch.compile's cache: {first.resolve()} (the run folder's;" in caplog.text
+    counters = torch._dynamo.utils.counters["inductor"]
+    assert counters["fxgraph_cache_hit"] > 0 and counters["fxgraph_cache_miss"] == 0, counters

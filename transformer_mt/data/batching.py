@@ -16,6 +16,7 @@ import torch
 
 from transformer_mt.data.store import ParallelTokens
 from transformer_mt.errors import DataError
+from transformer_mt.shapes import in_eighth_steps
 
 
 def token_batches(
@@ -88,6 +89,26 @@ def target_tokens_by_turn(
     tokens = tgt_lengths[np.concatenate(batches)].astype(np.int64) + 1
     per_batch = np.add.reduceat(tokens, np.cumsum(sizes) - sizes)  # every batch holds >= 1
     return per_batch.reshape(-1, world_size).sum(axis=1)
+
+
+def batch_shapes(
+    batches: list[np.ndarray],
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    *,
+    round_lengths: bool = False,
+) -> np.ndarray:
+    """(batches, 3) int64: each batch's (rows, source width, target width) as `collate` pads it
+    (BOS / EOS counted; `round_lengths` as collate rounds them). Its distinct rows are the
+    shapes a device meets in the epoch, each new one a plan, a kernel or an allocation the
+    first time."""
+    sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
+    starts = np.cumsum(sizes) - sizes
+    order = np.concatenate(batches)
+    widths = [np.maximum.reduceat(side[order], starts) + 1 for side in (src_lengths, tgt_lengths)]
+    if round_lengths:
+        widths = [np.fromiter(map(in_eighth_steps, side.tolist()), np.int64) for side in widths]
+    return np.stack([sizes, *widths], axis=1)
 
 
 def length_order(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray:
@@ -310,11 +331,14 @@ def pad_sequences(
     *,
     prefix: int | None = None,
     suffix: int | None = None,
-    multiple: int = 1,
+    round_width: bool = False,
 ) -> torch.Tensor:
-    """(len(sequences), width) int64, right-padded; the width rounded up to `multiple`."""
+    """(len(sequences), width) int64, right-padded; with `round_width` the width rounded up to
+    one of few widths (shapes.in_eighth_steps)."""
     extra = (prefix is not None) + (suffix is not None)
-    width = -(-(max(len(s) for s in sequences) + extra) // multiple) * multiple
+    width = max(len(s) for s in sequences) + extra
+    if round_width:
+        width = in_eighth_steps(width)
     out = np.full((len(sequences), width), pad_id, dtype=np.int64)
     start = int(prefix is not None)
     if prefix is not None:
@@ -333,17 +357,17 @@ def collate(
     pad_id: int,
     bos_id: int,
     eos_id: int,
-    length_multiple: int = 1,
+    round_lengths: bool = False,
 ) -> Batch:
-    """The pairs `indices` as padded tensors; `length_multiple`: both padded lengths rounded up to
-    a multiple of it (a compiled model then meets far fewer distinct shapes)."""
+    """The pairs `indices` as padded tensors; `round_lengths`: both padded lengths rounded up to
+    one of 8 lengths per doubling (`batch_shapes`: a GPU then meets far fewer distinct shapes)."""
     src = [data.src[i] for i in indices]
     tgt = [data.tgt[i] for i in indices]
-    multiple = {"multiple": length_multiple}
+    rounded = {"round_width": round_lengths}
     return Batch(
-        src=pad_sequences(src, pad_id, suffix=eos_id, **multiple),
-        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, **multiple),
-        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id, **multiple),
+        src=pad_sequences(src, pad_id, suffix=eos_id, **rounded),
+        tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, **rounded),
+        tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id, **rounded),
         n_tgt_tokens=sum(len(s) for s in tgt) + len(tgt),  # + EOS each
         n_src_tokens=sum(len(s) for s in src) + len(src),
     )
@@ -362,11 +386,11 @@ class BatchDataset(torch.utils.data.Dataset):
         pad_id: int,
         bos_id: int,
         eos_id: int,
-        length_multiple: int = 1,
+        round_lengths: bool = False,
     ):
         self.folder, self.split, self.batches = folder, split, batches
         self.ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
-        self.length_multiple = length_multiple
+        self.round_lengths = round_lengths
         self.data: ParallelTokens | None = None
 
     def __len__(self) -> int:
@@ -375,9 +399,7 @@ class BatchDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Batch:
         if self.data is None:
             self.data = ParallelTokens.load(self.folder, self.split)
-        return collate(
-            self.data, self.batches[index], **self.ids, length_multiple=self.length_multiple
-        )
+        return collate(self.data, self.batches[index], **self.ids, round_lengths=self.round_lengths)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "data": None}

@@ -24,6 +24,7 @@ from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import (
     Batch,
     BatchDataset,
+    batch_shapes,
     epoch_batches,
     plan_batches,
     target_tokens_by_turn,
@@ -34,6 +35,7 @@ from transformer_mt.execution import CpuProducts, ExecutionPolicy
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.checkpointer import Checkpointer, TrainingParts
+from transformer_mt.train.compiling import use_compile_cache
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
 from transformer_mt.train.flops import update_flops
 from transformer_mt.train.loader_workers import start_worker, worker_context
@@ -47,6 +49,8 @@ from transformer_mt.train.validation import ValidationScores, validation_loss
 
 log = logging.getLogger(__name__)
 
+# What the first update's time holds, by whether the model compiles.
+WARM_UP = {True: " (torch.compile's warm-up: compiling the layers' graphs)", False: ""}
 # fp16: a loss scale below this (fairseq's --min-loss-scale default) means the gradient
 # overflows however far it is scaled down: the run has diverged.
 MIN_LOSS_SCALE = 1e-4
@@ -74,15 +78,17 @@ class Trainer:
         # What this run's checkpoints say of themselves (progress added when saved).
         record = CheckpointRecord.of_run(cfg.model, data.tokenizers, data.folder.name)
         self.model = record.build_model().to(self.device)
-        # The model and its loss, with the policy's kernels, as a micro-batch runs them (eager:
-        # validation's loss runs it too); then under DDP and torch.compile as the policy says.
+        # The model and its loss, with the policy's kernels and compiled layers, as a
+        # micro-batch runs them (validation's loss runs it too); under DDP with several ranks.
         self.loss_module = TrainingLoss(
             policy.with_kernels(self.model),
             epsilon=cfg.optim.label_smoothing,
             pad_id=PAD_ID,
             by_onednn=policy.cpu_products == CpuProducts.onednn,
         )
-        self.train_model = policy.compiled(self.distributed(self.loss_module))
+        self.train_model = self.distributed(self.loss_module)
+        if policy.compile and self.ranks.is_main:
+            use_compile_cache(run.compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.dtype == torch.float16)
         self.plan = plan_batches(
@@ -172,6 +178,8 @@ class Trainer:
         )
         batches = every_rank[self.ranks.rank :: world_size]
         self.tokens_by_turn = target_tokens_by_turn(every_rank, train.tgt.lengths, world_size)
+        if self.ranks.is_main:
+            self.log_shapes(batches)
         progress = self.progress
         if self.position_fraction is not None:
             progress.batch_in_epoch = round(self.position_fraction * len(batches))
@@ -185,7 +193,7 @@ class Trainer:
             pad_id=PAD_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
-            length_multiple=self.policy.length_multiple,
+            round_lengths=self.policy.round_lengths,
         )
         workers = settings.loader_workers
         return torch.utils.data.DataLoader(
@@ -200,6 +208,24 @@ class Trainer:
             # Its own generator: the loader must not draw from the global RNG that dropout uses,
             # or a resumed run would get different dropout masks from an uninterrupted one.
             generator=torch.Generator().manual_seed(settings.seed + progress.epoch),
+        )
+
+    def log_shapes(self, batches: list[np.ndarray]) -> None:
+        """How many distinct batch shapes this rank's epoch holds (each new one costs a GPU a
+        plan, a kernel or an allocation its first time: ExecutionPolicy.round_lengths)."""
+        train = self.data.train
+        shapes = batch_shapes(
+            batches,
+            train.src.lengths,
+            train.tgt.lengths,
+            round_lengths=self.policy.round_lengths,
+        )
+        log.info(
+            "epoch %d: %d micro-batches in %d distinct shapes (rows, source and target length%s)",
+            self.progress.epoch,
+            len(batches),
+            len(np.unique(shapes, axis=0)),
+            ", rounded" if self.policy.round_lengths else "",
         )
 
     def micro_batches(self) -> Iterator[tuple[Batch, int]]:
@@ -443,7 +469,7 @@ class Trainer:
         window = ThroughputWindow()
         # Every rank resumed the same saved training time, so this first reading is shared.
         self.out_of_time = self.time_is_up()
-        reason = self.stop_rule()
+        reason, first = self.stop_rule(), True
         while reason is None:
             started = time.perf_counter()
             planned = list(itertools.islice(stream, self.plan.accumulation))
@@ -451,7 +477,11 @@ class Trainer:
                 return self.stop_rule() or "training data exhausted"
             batches = [batch for batch, _ in planned]
             window.add(self.train_step(batches, sum(tokens for _, tokens in planned)))
-            self.progress.train_seconds += time.perf_counter() - started
+            seconds = time.perf_counter() - started
+            if first:
+                log.info("the first update took %.1f s%s", seconds, WARM_UP[self.policy.compile])
+                first = False
+            self.progress.train_seconds += seconds
             bar.update(1)
             step = self.progress.step
             if step % settings.log_every == 0:
