@@ -93,7 +93,14 @@ from benchmarks.measure import (
 )
 from benchmarks.profile_step import StepProfile, profile_update
 from transformer_mt import onednn
-from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainJob, compose_job
+from transformer_mt.config import (
+    CpuLinear,
+    ModelConfig,
+    Precision,
+    SdpaBackend,
+    TrainJob,
+    compose_job,
+)
 from transformer_mt.data.batching import Batch, collate, plan_batches, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
@@ -452,9 +459,13 @@ def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
     for column in columns:
         column.info = column.conn.recv()  # sent once the model is built
         column.warmup_seconds = column.ask(list(range(args.warmup)))["seconds"]
+        progress(f"{column.kind}: {args.warmup} warm-up update(s) in {column.warmup_seconds:.1f} s")
     timed = list(range(args.warmup, len(steps)))
     blocks = [timed[i : i + args.block] for i in range(0, len(timed), args.block)]
-    for _ in range(args.passes):
+    for number in range(args.passes):
+        if number:
+            passed = (f"{c.kind} {c.timed.tokens / c.timed.seconds:,.0f}" for c in columns)
+            progress(f"pass {number}: target tok/s {', '.join(passed)}")
         for column in columns:
             column.passes.append(Timing())
         for number, block in enumerate(blocks):
@@ -472,6 +483,12 @@ def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
         if not (args.profile and number == 0):
             column.conn.send(None)  # not to be profiled: it exits
             column.process.join()
+
+
+def progress(text: str) -> None:
+    """A line as soon as its figure is known: a run stopped at a limit (gpu_check's parts)
+    keeps what it measured before the report."""
+    print(f"  .. {text}", flush=True)
 
 
 def finish(columns: list[Column], steps: list[list[Batch]], args) -> None:
@@ -661,9 +678,10 @@ def gpu_report(columns: list[Column], args, vocab_size: int, steps, precision: s
     padding = statistics.mean(b.padding_ratio for step in timed for b in step)
     compiled = [c.kind for c in columns if compiles(c.kind, args)]
     mode = f"torch.compile ({', '.join(compiled)})" if compiled else "eager"
+    lengths = "exact lengths" if args.exact_lengths else "lengths as the policy rounds them"
     print(
         f"model={args.model} vocab={vocab_size} data={args.data} device={device} ({name}) "
-        f"{precision} {mode}"
+        f"{precision} {mode}; attention [{args.sdpa_backends}], {lengths}"
     )
     print(
         f"  updates: {len(timed[0])} micro-batch(es) of at most {max_padded(timed):,} padded "
@@ -833,6 +851,18 @@ def parse_args():
         help="both models through torch.compile (ours: trainer.compile=true); use --warmup 6",
     )
     parser.add_argument(
+        "--sdpa-backends",
+        default="auto",
+        help="trainer.sdpa_backends for both models, comma-separated (auto: ours, on CUDA "
+        "flash,efficient,math; default: torch's choice, on H100/H200 cuDNN's first)",
+    )
+    parser.add_argument(
+        "--exact-lengths",
+        action="store_true",
+        help="padded lengths as they are, where the execution policy would round them (on CUDA "
+        "and compiled: ExecutionPolicy.round_lengths)",
+    )
+    parser.add_argument(
         "--data",
         default="toy",
         help="'toy' (the embedded corpus, the default), 'generated' (WMT-like random pairs of "
@@ -851,6 +881,7 @@ def main() -> None:
         job = compose(args, run_dir)
         job.trainer.compile = "true" if args.compile else "false"
         job.trainer.precision = Precision(args.precision)
+        job.trainer.sdpa_backends = [SdpaBackend(name) for name in args.sdpa_backends.split(",")]
         updates = args.warmup + args.steps
         if args.data == "generated":
             pairs = args.generated_pairs
@@ -874,7 +905,9 @@ def main() -> None:
                 job,
                 worker_data,
                 vocab_size,
-                rounded if rounds_lengths(kind, job, device, args) else steps,
+                rounded
+                if rounds_lengths(kind, job, device, args) and not args.exact_lengths
+                else steps,
                 args,
             )
             for kind in kinds

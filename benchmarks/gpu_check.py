@@ -1,51 +1,58 @@
-"""The CUDA path in two short runs: `make gpu-check` (benchmarks/gpu_check.sh, which first
-installs the wheels carried in .whl/, if any, then runs this).
+"""The CUDA path in short runs: `make gpu-check` (benchmarks/gpu_check.sh, which first installs
+the wheels carried in .whl/, if any, then runs this). Each run fits one call of a lent GPU
+machine (10 minutes a command), and each part prints its figures as it measures them, so a part
+stopped at its limit keeps what it measured.
 
-The core run (the default, `--parts core`) fits in 4 minutes: --budget 240 s, the sum of its
-parts' limits, each part stopped at its own limit and none started with less than 20 s of the
-budget left. The headline figures come first:
+The core run (the default, `--parts core`), 230 s, the sum of its parts' limits, each part
+stopped at its own limit and none started with less than 20 s of the budget left:
 
-1. correctness, 55 s: the `gpu` tests (tests/gpu: SDPA's default kernel against the math one with
-   the model's masks, fp32 and bf16, lengths 30/64/192/200, and the rows of pytorch#196678; KV
-   cache in bf16; fused Adam's device-side skip; 1-rank NCCL DDP = the plain run; bitwise resume
-   with the CUDA RNG; fp16 with the scaler; beam search on the GPU);
-2. compiled big, 70 s, and 3. compiled base, 46 s: ours with trainer.compile=true;
-4. eager base, 22 s, and 5. eager big, 22 s: ours beside transformers' MarianMTModel;
-6. decoding, 25 s: beam 4 on 1,000 generated sentences of WMT length, model=base with random
+1. correctness, 45 s: a subset of the `gpu` tests (SDPA, ours and torch's default, against the
+   math kernel with the model's masks at lengths 64 and 200, fp32 and bf16, and the rows of
+   pytorch#196678; beam search GPU = CPU; bitwise resume with the CUDA RNG);
+2. base eager, 40 s: ours, then a profile of its step (kernel time by kind, each kernel counted
+   once, how busy the GPU was, the host's operators);
+3. base compiled, 60 s: ours with trainer.compile=true (its layers compiled one by one; the
+   warm-up, the compile included, printed apart);
+4. big eager, 40 s: ours;
+5. decoding, 45 s: beam 4 on 1,000 generated sentences of WMT length, model=base with random
    weights, ours against CTranslate2 on the GPU (benchmarks/bench_decode.py --generated).
 
-The optional run (`--parts extra`, a second invocation, 460 s, its results added to the same
-file; `--parts all`: both runs in one, 700 s):
+The optional run (`--parts extra`, 480 s, a second call; its results added to the same file):
 
-7. one rank's share at NPROC=8 and at 2 x 8, 2 x 90 s: model=base, updates of 3,125 and 1,563
-   target tokens (the paper's 25,000 over 8 and 16 GPUs), eager and compiled: the launch-bound
-   regime of a multi-GPU run, on one GPU;
-8. the step as first shipped, 2 x 40 s: base and big eager, bench_train's ours-plain (the loss
-   over the whole fp32 logits, torch's dropout) beside the step the trainer runs now;
-9. learning, 200 s: the demo config (`make demo`'s) for 2 minutes on the GPU, then beam-search
-   BLEU on its test split (tmt-eval); its log lines without their throughput fields (parts 2-8
-   measure throughput).
+6.-7. the base step's levers, 2 x 35 s, each off with the rest as in part 2: torch's attention
+   kernels (cuDNN's first on H100/H200) instead of ours; exact padded lengths instead of
+   rounded ones;
+8. ours beside transformers' MarianMTModel, base eager, 50 s;
+9. big compiled, 80 s;
+10. one rank's share at NPROC=8, 80 s: model=base, updates of 3,125 target tokens (the paper's
+   25,000 over 8 GPUs), eager and compiled: the launch-bound regime of a multi-GPU run;
+11. the step as first shipped (bench_train's ours-plain: the loss over the whole fp32 logits,
+   torch's dropout) beside today's, base eager, 35 s;
+12. every gpu test, 150 s.
 
-Parts 2-5, 7 and 8 are benchmarks/bench_train.py on generated WMT-like updates of 25,000 target
-tokens in bf16 (batches cut from 2,000,000 pairs' lengths: WMT's padding), warm-up updates first
-(5 compiled: the dynamic-shape graph and its recompiles settle; 3 eager), then 8 timed updates
-twice (--passes 2: the second pass meets only shapes seen before; both reported, with their
-ratio): target tokens/s, TFLOP/s, MFU on real tokens beside MFU on padded shapes, peak memory,
-and a profile of 3 more updates of ours (kernel time by kind, each kernel counted once, how busy
-the GPU was, the host's operators). The limits are estimates for one H200 (no run on a GPU has
-timed them yet); a part stopped at its limit keeps the lines it printed.
+The recipes run (`--parts recipes`): 13. learning, 200 s: the demo config for 2 minutes on the
+GPU, then beam-search BLEU on its test split (tmt-eval); its log lines without their throughput
+fields. `--parts all`: every part in one run.
 
-Everything measured goes to GPU_CHECK_OUTPUT (benchmarks/gpu.txt) as each part ends, so a run
-killed half-way keeps what it measured, and to stdout; the full output of every command to
-GPU_CHECK_LOG (gpu_check.log in the temporary folder). The GPU name, driver, torch version and
-date head the file. The exit status is 0 when every part ran and every test passed.
+The throughput parts are benchmarks/bench_train.py on generated WMT-like updates of 25,000 target
+tokens in bf16 (batches cut from 2,000,000 pairs' lengths: WMT's padding), 3 warm-up updates
+first, then 8 timed updates twice (--passes 2: the second pass meets only shapes seen before;
+both reported, with their ratio): target tokens/s, TFLOP/s, MFU on real tokens beside MFU on
+padded shapes, peak memory. The limits come from the first GPU run (benchmarks/gpu.txt,
+2026-12-04: bench_train's set-up took longer than the 22 s its parts had then, and its table
+came at the end); they are not yet timed on a GPU in this form.
+
+Everything measured goes to GPU_CHECK_OUTPUT (benchmarks/gpu.txt, appended: every run keeps its
+section) as each part ends, and to stdout; the full output of every command to GPU_CHECK_LOG
+(gpu_check.log in the temporary folder). The GPU name, driver, torch version and date head the
+section. The exit status is 0 when every part ran and every test passed.
 
 Without a CUDA GPU (`--probe`, which gpu_check.sh asks first) it prints one line and does nothing.
 `--rehearse-on-cpu` (not in --help) runs every part chosen as small as it goes on the CPU (tiny
 models, a few updates, 3 seconds of the demo config with a tiny model on a small toy corpus; of
-the gpu tests, those that take the `device` fixture, on the CPU, at two of the lengths; each
-bench_train command once, where big and base would repeat it: 7 parts): the code path, checked
-before the one run a lent GPU allows.
+the gpu tests, those that take the `device` fixture, on the CPU, at one or two of the lengths;
+the big parts left out, big and base both being tiny there): the code path, checked before the
+one run a lent GPU allows.
 """
 
 from __future__ import annotations
@@ -173,8 +180,11 @@ class Budget:
 
 
 # ---- the parts -----------------------------------------------------------------------------------
-RANK_SHARES = (3125, 1563)  # one rank's target tokens of a 25,000-token update: NPROC=8, 2 x 8
-COMPILED_LIMITS = {"big": 70, "base": 46}  # parts 2 and 3, seconds on a GPU
+RANK_SHARE = 3125  # one rank's target tokens of a 25,000-token update at NPROC=8
+# The gpu tests the core run takes: the SDPA comparisons at two lengths (one where cuDNN's key
+# tiles end half full), beam search GPU = CPU, bitwise resume with the CUDA RNG. Every gpu test
+# runs in the optional run.
+CORE_TESTS = ("-k", "64 or 200 or finds_what_it_finds or resume_on_cuda")
 
 
 @dataclass(frozen=True)
@@ -187,23 +197,15 @@ class Settings:
     base: str
     bench: str  # bench_train's options in every run
     eager: str  # its warm-up and timed updates, eager
-    compiled: str  # and compiled (the warm-up long enough for the graph to settle)
+    compiled: str  # and compiled (the warm-up long enough for the graphs to settle)
     decode: str  # bench_decode's options
     learn_minutes: float
-    tests: tuple[str, ...] = ()  # pytest's arguments beyond the gpu marker
+    core_tests: tuple[str, ...] = CORE_TESTS  # pytest's arguments for the core run's tests
+    tests: tuple[str, ...] = ()  # and for the optional run's (every gpu test)
     learn: str = ""  # tmt-train's overrides beyond the demo config and the check's own
     evaluate: str = ""  # tmt-eval's overrides
     limit: float | None = None  # every part's limit instead of its own (the rehearsal's)
-    rank_shares: tuple[int, ...] = RANK_SHARES  # part 7's target tokens per update
-
-    def models(self, *roles: str) -> list[tuple[str, str]]:
-        """(role, model) for these roles ("big", "base") in this order, each model once: the
-        rehearsal's big and base are both tiny, and a part that would repeat another's command
-        runs once."""
-        chosen: dict[str, str] = {}  # model -> its first role
-        for role in roles:
-            chosen.setdefault(getattr(self, role), role)
-        return [(role, model) for model, role in chosen.items()]
+    rank_share: int = RANK_SHARE  # the rank-share part's target tokens per update
 
 
 GPU = Settings(
@@ -211,9 +213,9 @@ GPU = Settings(
     big="big",
     base="base",
     bench="--data generated --vocab 37000 --batch-tokens 32768 --update-tokens 25000 "
-    "--threads 4 --passes 2 --profile",
+    "--threads 4 --passes 2",
     eager="--warmup 3 --steps 8 --block 4",
-    compiled="--warmup 5 --steps 8 --block 4",
+    compiled="--warmup 3 --steps 8 --block 4",
     decode="--generated 1000 --model base --vocab 37000 --threads 4",
     learn_minutes=2.0,
 )
@@ -222,17 +224,17 @@ REHEARSAL = Settings(  # --rehearse-on-cpu: every part's code, as small as it go
     big="tiny",
     base="tiny",
     bench="--data generated --generated-pairs 5000 --vocab 500 --batch-tokens 2048 "
-    "--update-tokens 1500 --threads 1 --gpu-report --passes 2 --profile",
+    "--update-tokens 1500 --threads 1 --gpu-report --passes 2",
     eager="--warmup 1 --steps 1 --block 1",
     compiled="--warmup 1 --steps 1 --block 1",
     decode="--generated 30 --model tiny --vocab 500 --threads 1",
     learn_minutes=0.05,
+    core_tests=("-k", "64 and not backward"),  # the SDPA comparisons at length 64
     tests=("-k", "not 192 and not 200"),  # the SDPA comparisons at lengths 30 and 64 only
     learn="model=tiny data.toy_sizes=[2000,40,40] data.vocab_size=400 trainer.batch_tokens=1500 "
     "trainer.global_batch_tokens=1200",
     evaluate="decode.strategy=greedy decode.max_len_a=0 decode.max_len_b=8",
     limit=180.0,
-    rank_shares=RANK_SHARES[:1],
 )
 
 
@@ -255,12 +257,14 @@ def python_command(*arguments: str) -> list[str]:
     return [sys.executable, *arguments]
 
 
-def correctness(settings: Settings, report: Report, limit: float) -> Outcome:
+def correctness(
+    settings: Settings, report: Report, title: str, tests: tuple[str, ...], limit: float
+) -> Outcome:
     where = "" if settings.device == "cuda" else " (a rehearsal: those taking `device`, on the CPU)"
-    section(report, f"1. correctness: the gpu-marked tests (tests/gpu){where}, limit {limit:.0f} s")
+    section(report, f"{title} (tests/gpu){where}, limit {limit:.0f} s")
     command = python_command(
         "-m", "pytest", "-p", "no:cacheprovider", "tests/gpu", "-m", "gpu", "-v", "-s",
-        "--tb=short", "-rfEs", *settings.tests,
+        "--tb=short", "-rfEs", *tests,
     )  # fmt: skip
     env = {**os.environ, "GPU_CHECK_REHEARSAL": "1" if settings.device == "cpu" else "0"}
     outcome = run(command, limit, report, echo=True, env=env)
@@ -283,7 +287,7 @@ def throughput(settings: Settings, report: Report, title: str, bench: str, limit
 
 
 def decoding(settings: Settings, report: Report, limit: float) -> Outcome:
-    section(report, f"6. decoding: beam 4, ours against CTranslate2, limit {limit:.0f} s")
+    section(report, f"5. decoding: beam 4, ours against CTranslate2, limit {limit:.0f} s")
     env = dict(os.environ)
     found = cublas12_folders()
     report.line(
@@ -310,8 +314,8 @@ def learning(settings: Settings, folder: Path, report: Report, limit: float) -> 
     together); the log lines shown without their throughput fields."""
     section(
         report,
-        f"9. learning: the demo config, {settings.learn_minutes:g} min of training on "
-        f"{settings.device}, then its test BLEU, limit {limit:.0f} s (throughput: parts 2-8)",
+        f"13. learning: the demo config, {settings.learn_minutes:g} min of training on "
+        f"{settings.device}, then its test BLEU, limit {limit:.0f} s (throughput: parts 2-11)",
     )
     started = time.monotonic()
     run_dir = folder / "demo"
@@ -365,52 +369,86 @@ def bench_part(
 
 
 def core_parts(settings: Settings, report: Report) -> list[Part]:
-    """The core run, in this order: the tests, then the headline figures (compiled, big first)."""
-    compiled, eager = f"--columns ours-compiled {settings.compiled}", settings.eager
-    parts = [Part("correctness", 55, functools.partial(correctness, settings, report))]
-    for role, model in settings.models("big", "base"):
+    """The core run, 230 s: a subset of the tests, then the headline figures, each of ours alone
+    (its levers and Marian: the optional run)."""
+    base, big, eager = settings.base, settings.big, settings.eager
+    compiled = f"--columns ours-compiled {settings.compiled}"
+    tests = functools.partial(
+        correctness, settings, report, "1. correctness: the core gpu tests", settings.core_tests
+    )
+    parts = [Part("correctness (core tests)", 45, tests)]
+    parts.append(
+        bench_part(
+            settings, report, "throughput base eager", 40,
+            f"2. throughput: model={base}, eager, ours, then its profile",
+            f"--model {base} --columns ours {eager} --profile",
+        )
+    )  # fmt: skip
+    parts.append(
+        bench_part(
+            settings, report, "throughput base compiled", 60,
+            f"3. throughput: model={base}, trainer.compile=true (its layers, one by one), ours",
+            f"--model {base} {compiled}",
+        )
+    )  # fmt: skip
+    if big != base:  # the rehearsal's big and base are both tiny: once is enough
         parts.append(
             bench_part(
-                settings, report, f"throughput {role} compiled", COMPILED_LIMITS[role],
-                f"{2 if role == 'big' else 3}. throughput: model={model}, trainer.compile=true "
-                "(ours)",
-                f"--model {model} {compiled}",
+                settings, report, "throughput big eager", 40,
+                f"4. throughput: model={big}, eager, ours", f"--model {big} --columns ours {eager}",
             )
         )  # fmt: skip
-    for role, model in settings.models("base", "big"):
-        parts.append(
-            bench_part(
-                settings, report, f"throughput {role} eager", 22,
-                f"{4 if role == 'base' else 5}. throughput: model={model}, eager, ours and Marian",
-                f"--model {model} --columns ours,marian {eager}",
-            )
-        )  # fmt: skip
-    return [*parts, Part("decoding", 25, functools.partial(decoding, settings, report))]
+    return [*parts, Part("decoding", 45, functools.partial(decoding, settings, report))]
 
 
 def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
-    """The optional run: one rank's share of a multi-GPU update, the step as first shipped
-    beside today's, learning."""
-    shares = [
+    """The optional run, 480 s (under the device's 10 minutes a command): each lever of the
+    base step on and off, Marian beside ours, big compiled, one rank's share of a multi-GPU
+    update, the step as first shipped, every gpu test."""
+    base, big, eager = settings.base, settings.big, settings.eager
+    compiled = f"--columns ours-compiled {settings.compiled}"
+    levers = [
         bench_part(
-            settings, report, f"rank share {tokens} tokens", 90,
-            f"7. one rank's share: model={settings.base}, updates of {tokens:,} target tokens "
-            f"(the paper's 25,000 over {25_000 / tokens:.0f} GPUs), eager and compiled",
-            f"--model {settings.base} --update-tokens {tokens} --columns ours,ours-compiled "
-            f"{settings.compiled}",
+            settings, report, f"lever: {name}", 35,
+            f"{number}. lever, model={base} eager, ours: {name} (part 2 has the default)",
+            f"--model {base} --columns ours {eager} {options}",
         )
-        for tokens in settings.rank_shares
-    ]  # fmt: skip
-    steps = [
-        bench_part(
-            settings, report, f"first step {role} eager", 40,
-            f"8. the step as first shipped (ours-plain) beside today's: model={model}, eager",
-            f"--model {model} --columns ours-plain,ours {settings.eager}",
+        for number, name, options in (
+            (6, "torch's attention kernels (cuDNN's first)", "--sdpa-backends default"),
+            (7, "exact lengths (not rounded)", "--exact-lengths"),
         )
-        for role, model in settings.models("base", "big")
     ]  # fmt: skip
-    learn = Part("learning", 200, functools.partial(learning, settings, folder, report))
-    return [*shares, *steps, learn]
+    marian = bench_part(
+        settings, report, "ours and Marian base eager", 50,
+        f"8. throughput: model={base}, eager, ours beside transformers' MarianMTModel",
+        f"--model {base} --columns ours,marian {eager}",
+    )  # fmt: skip
+    big_compiled = bench_part(
+        settings, report, "throughput big compiled", 80,
+        f"9. throughput: model={big}, trainer.compile=true, ours", f"--model {big} {compiled}",
+    )  # fmt: skip
+    share = bench_part(
+        settings, report, f"rank share {settings.rank_share} tokens", 80,
+        f"10. one rank's share: model={base}, updates of {settings.rank_share:,} target tokens "
+        f"(the paper's 25,000 over {25_000 / settings.rank_share:.0f} GPUs), eager and compiled",
+        f"--model {base} --update-tokens {settings.rank_share} --columns ours,ours-compiled "
+        f"{settings.compiled}",
+    )  # fmt: skip
+    first = bench_part(
+        settings, report, "first step base eager", 35,
+        f"11. the step as first shipped (ours-plain) beside today's: model={base}, eager",
+        f"--model {base} --columns ours-plain,ours {eager}",
+    )  # fmt: skip
+    tests = functools.partial(
+        correctness, settings, report, "12. correctness: every gpu test", settings.tests
+    )
+    big_runs = [big_compiled] if big != base else []  # the rehearsal's big is its base: once
+    return [*levers, marian, *big_runs, share, first, Part("every gpu test", 150, tests)]
+
+
+def recipe_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
+    """A third run: what a user's recipe learns on the GPU."""
+    return [Part("learning", 200, functools.partial(learning, settings, folder, report))]
 
 
 def cublas12_folders() -> list[str]:
@@ -499,15 +537,24 @@ def package_version(name: str) -> str:
 MIN_START = 20.0  # seconds of the budget a part needs left to be started
 
 
+PART_GROUPS = ("core", "extra", "recipes")
+
+
 def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list[Part]:
-    core, extra = core_parts(settings, report), extra_parts(settings, report, folder)
-    return {"core": core, "extra": extra, "all": core + extra}[args.parts]
+    groups = {
+        "core": core_parts(settings, report),
+        "extra": extra_parts(settings, report, folder),
+        "recipes": recipe_parts(settings, report, folder),
+    }
+    if args.parts == "all":
+        return [part for group in PART_GROUPS for part in groups[group]]
+    return groups[args.parts]
 
 
 def check(args) -> int:
     settings = REHEARSAL if args.rehearse_on_cpu else GPU
-    # The optional run adds its results to the core run's file.
-    report = Report(Path(args.output), Path(args.log), append=args.parts == "extra")
+    # A later run of the same check adds its command output to the core run's log.
+    report = Report(Path(args.output), Path(args.log), append=args.parts != "core")
     started = time.monotonic()
     results: dict[str, Outcome | None] = {}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as folder:
@@ -546,11 +593,12 @@ def main() -> int:
     parser.add_argument("--probe", action="store_true", help="only say whether a GPU is there")
     parser.add_argument(
         "--parts",
-        choices=["core", "extra", "all"],
+        choices=[*PART_GROUPS, "all"],
         default="core",
-        help="core: the tests and the headline figures, 4 minutes; extra: the optional run "
-        "(one rank's share of a multi-GPU update, the losses, learning), its results added to "
-        "the same file; all: both",
+        help="core: a subset of the gpu tests and the headline figures, 230 s; extra: the "
+        "optional run, 480 s (the levers on and off, Marian, big compiled, a rank's share, "
+        "every gpu test); recipes: what the recipes learn; each run's results are added to the "
+        "same file; all: every part, in one run",
     )
     parser.add_argument(
         "--budget", type=float, help="seconds for all parts (default: the sum of their limits)"

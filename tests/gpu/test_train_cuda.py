@@ -20,6 +20,7 @@ from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import Batch, collate, token_batches
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.loss import TrainingLoss
 from transformer_mt.train.trainer import Trainer
@@ -183,13 +184,16 @@ def test_a_one_rank_nccl_ddp_run_equals_the_plain_run(tiny_train_job, tmp_path, 
     assert_same_tensors(plain["optimizer"], ddp["optimizer"], "optimizer")
 
 
-def test_compile_auto_compiles_on_cuda_and_trains(tiny_train_job, caplog):
-    # trainer.compile=auto on CUDA: the model and its loss compiled (the log says so and counts
-    # the graphs), lengths rounded up to multiples of 8, and the run trains to a finite state.
-    compiled = ["trainer.device=cuda", "trainer.compile=auto", *QUICK, "trainer.log_every=1"]
+def test_compiled_layers_train_on_cuda_and_auto_stays_eager(tiny_train_job, caplog):
+    # trainer.compile=true on CUDA: each repeated layer compiled (2 graphs: an encoder and a
+    # decoder layer), lengths rounded to few shapes, and the run trains to a finite state; auto
+    # stays eager until make gpu-check measures the compiled step faster (execution.py).
+    compiled = ["trainer.device=cuda", "trainer.compile=true", *QUICK, "trainer.log_every=1"]
     job = tiny_train_job(*compiled)
     with caplog.at_level(logging.INFO):
         state = load(train(job))
-    assert "trainer.compile=auto: on for CUDA" in caplog.text
-    assert "torch.compile by update 1:" in caplog.text
+    assert "torch.compile by update 1: 2 graph(s) compiled" in caplog.text
+    assert "the first update took" in caplog.text
     assert all(torch.isfinite(tensor).all() for tensor in state["model"].values())
+    policy = ExecutionPolicy.for_training(tiny_train_job(*QUICK).trainer, CUDA)
+    assert not policy.compile and policy.round_lengths
