@@ -129,9 +129,9 @@ class Batcher:
         """Translate the group's lines in one Translator call and answer each request."""
         first = group[0]
         ids = [line for work in group for line in work.ids]
-        if first.decode.strategy is Strategy.sample:  # the request's seed decides its sample
-            self.translator.backend.reseed(first.decode.seed)
         try:
+            if first.decode.strategy is Strategy.sample:  # the request's seed decides its sample
+                self.translator.backend.reseed(first.decode.seed)
             results = self.translator.translate_encoded(
                 ids, decode=first.decode, attention=first.attention_layer
             )
