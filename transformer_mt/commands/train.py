@@ -120,6 +120,8 @@ def train_started(
 ) -> Path:
     """Prepare (rank 0) or wait for the data, record the start, train, record the end."""
     if ranks.is_main:
+        if start.kind == StartKind.resume and cfg.trainer.resume_from is None:
+            run.checkpoints.keep_aside_newer_than(start.step)  # damaged files it passed over
         data = run.prepare(cfg.data)
         run.write_config(cfg)
         run.append_history(start_record(start, overrides, ranks, device))
