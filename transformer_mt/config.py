@@ -464,7 +464,8 @@ class AverageJob:
     or auto: the number (1, the newest alone, included) with the best valid BLEU, from
     commands/valid_choice.py's AVERAGE_GRID and all that are kept."""
     output: str = "averaged.pt"
-    """File name inside run_dir/checkpoints, or a path; `make eval ARGS=checkpoint=averaged.pt`."""
+    """File name inside run_dir/checkpoints, or a path: a new file, or an average tmt-average
+    wrote before (anything else is refused); `make eval ARGS=checkpoint=averaged.pt`."""
     valid_sentences: int = 1000
     """last=auto: each candidate translates the first this many sentences of the run's valid
     split (all of it when shorter)."""

@@ -3,7 +3,7 @@ written atomically, read with weights_only=True), its record (`record`: what the
 model is and what it was trained on, and the one check of whether it fits a run), the folder of
 a run's checkpoints (`folder`: the only module that names its files) and averaging."""
 
-from transformer_mt.checkpoint.average import average_checkpoints, check_compatible
+from transformer_mt.checkpoint.average import AVERAGED_FROM, average_checkpoints, check_compatible
 from transformer_mt.checkpoint.folder import (
     CheckpointFolder,
     is_training_checkpoint,
@@ -21,6 +21,7 @@ from transformer_mt.checkpoint.record import (
 )
 
 __all__ = [
+    "AVERAGED_FROM",
     "FORMAT",
     "SHAPE_KEYS",
     "CheckpointFolder",

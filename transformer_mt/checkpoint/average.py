@@ -12,6 +12,10 @@ from transformer_mt.checkpoint.format import FORMAT, load_checkpoint
 from transformer_mt.checkpoint.record import CheckpointRecord
 from transformer_mt.errors import CheckpointError
 
+AVERAGED_FROM = "averaged_from"
+"""The key only an average has (the names of the checkpoints averaged): how tmt-average knows a
+file it wrote before, which it may replace."""
+
 
 def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
     """The mean of the models in `paths` (accumulated in float64, cast back to each tensor's
@@ -48,7 +52,7 @@ def average_checkpoints(paths: list[Path]) -> dict[str, Any]:
         "model": model,
         **described,
         "step": newest_step,
-        "averaged_from": [Path(path).name for path in paths],
+        AVERAGED_FROM: [Path(path).name for path in paths],
     }
 
 
