@@ -1,7 +1,7 @@
 """What a checkpoint says about itself, as one typed record: the model's configuration, its
-vocabulary, the prepared data it was trained on, the update and the training progress; and the
-one comparison that decides whether a checkpoint fits a run (resume, fine-tune, averaging, eval,
-export all ask it)."""
+vocabulary (sizes, and the sha256 of its SentencePiece files), the prepared data it was trained
+on, the update and the training progress; and the one comparison that decides whether a
+checkpoint fits a run (resume, fine-tune, averaging, eval, export all ask it)."""
 
 from __future__ import annotations
 
@@ -59,6 +59,11 @@ class CheckpointRecord:
     """The update the checkpoint was written at."""
     progress: dict = field(default_factory=dict)
     """The trainer's progress (train/run_state.Progress as plain values; empty for averages)."""
+    tokenizer_sha256: tuple[str, ...] | None = None
+    """Tokenizers.sha256 of the SentencePiece model(s) the vocabulary is (spm.model, or
+    spm.src.model and spm.tgt.model: each piece with its score and kind), where two tokenizers
+    of one size differ. None: not known (a run whose data is not prepared, or a checkpoint
+    written before it was recorded)."""
 
     @classmethod
     def of_run(
@@ -73,6 +78,7 @@ class CheckpointRecord:
             vocab_size=tokenizers.tgt.vocab_size,
             src_vocab_size=source,
             data_folder=data_folder,
+            tokenizer_sha256=tokenizers.sha256,
         )
 
     @classmethod
@@ -90,6 +96,7 @@ class CheckpointRecord:
             data_folder=state.get("data_folder"),
             step=int(state["step"]),
             progress=dict(state.get("progress") or {}),
+            tokenizer_sha256=tuple(hashes) if (hashes := state.get("tokenizer_sha256")) else None,
         )
 
     def as_state(self) -> dict:
@@ -101,6 +108,9 @@ class CheckpointRecord:
             "data_folder": self.data_folder,
             "step": self.step,
             "progress": dict(self.progress),
+            "tokenizer_sha256": None
+            if self.tokenizer_sha256 is None
+            else list(self.tokenizer_sha256),
         }
 
     def with_progress(self, step: int, progress: dict) -> CheckpointRecord:
@@ -131,6 +141,17 @@ class CheckpointRecord:
             pairs.append(
                 ("vocabulary", "src_vocab_size", self.src_vocab_size, other.src_vocab_size)
             )
+            # A checkpoint written before the hash was recorded (None) still loads: its
+            # vocabulary is compared by sizes alone, as it always was.
+            if None not in (self.tokenizer_sha256, other.tokenizer_sha256):
+                pairs.append(
+                    (
+                        "vocabulary",
+                        "tokenizer_sha256",
+                        self.tokenizer_sha256,
+                        other.tokenizer_sha256,
+                    )
+                )
         if "data" in aspects:
             pairs.append(("data", "data_folder", self.data_folder, other.data_folder))
         for aspect, setting, ours, theirs in pairs:
@@ -143,11 +164,25 @@ class CheckpointRecord:
         return f"{shared}, {self.vocab_size} target pieces"
 
 
+def tokenizer_refusal(path: Path, tokenizers: Tokenizers, theirs: tuple[str, ...]) -> str:
+    """Why the checkpoint at `path` does not go with `tokenizers`, whose files' sha256 differ
+    from the ones it recorded (`theirs`): the same sizes, other pieces."""
+    files = " and ".join(str(file) for file in tokenizers.files)
+    return (
+        f"{path} was trained with another SentencePiece model than {files} (its pieces' sha256 "
+        f"{', '.join(h[:12] for h in theirs)}, not those of that file): its ids would mean "
+        "other pieces; translate it with its own run folder's tokenizer"
+    )
+
+
 def model_from_checkpoint(state: dict, path: Path, tokenizers: Tokenizers) -> Transformer:
     """The checkpoint's model, checked against the run folder's tokenizers."""
     record = CheckpointRecord.read(state, path)
     beside = CheckpointRecord.of_run(record.model, tokenizers)
-    if record.first_mismatch(beside, ["vocabulary"]) is not None:
+    mismatch = record.first_mismatch(beside, ["vocabulary"])
+    if mismatch is not None and mismatch.setting == "tokenizer_sha256":
+        raise CheckpointError(tokenizer_refusal(path, tokenizers, mismatch.ours))
+    if mismatch is not None:
         raise CheckpointError(
             f"{path}: the checkpoint's vocabulary ({record.describe_vocabulary()}) does not "
             f"match the tokenizer files in its run folder ({beside.describe_vocabulary()})"
