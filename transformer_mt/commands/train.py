@@ -28,7 +28,7 @@ from transformer_mt.errors import ConfigError, TransformerMTError
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
+from transformer_mt.train.distributed import Ranks, ending_together, start_ranks
 from transformer_mt.train.start import Start, StartKind, plan_start, use_parent_tokenizer
 from transformer_mt.train.trainer import Trainer
 
@@ -44,15 +44,13 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     if device.type == "cpu":
         keep_freed_host_memory()  # +16% target tokens/s on Multi30k with 2 cores
     run = RunDir(cfg.run_dir)
-    try:
+    with ending_together(ranks):  # a failing rank ends the others at once, its cause first
         with run.lock() if ranks.is_main else contextlib.nullcontext():
             last = train_ranks(cfg, run, ranks, device, overrides or [])
         # Leave together: a rank that tears its connections down while another is still in its
         # last collectives (rank 0 validates and saves last) can abort that rank at exit.
         ranks.barrier()
         return last
-    finally:
-        stop_ranks(ranks)
 
 
 def train_ranks(
