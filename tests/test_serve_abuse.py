@@ -432,3 +432,18 @@ def test_a_request_whose_reseed_fails_gets_the_error_and_the_worker_answers_the_
         assert batcher.worker.is_alive()
     finally:
         batcher.stop()
+
+
+def test_the_batch_sizes_kept_are_bounded(backend):
+    """A server answers requests for months: it remembers the sizes of its last 1,000 batches,
+    not of every one."""
+    backend.gate.set()
+    translator = Translator(backend, Tokenizers(backend.words, backend.words), DECODE)
+    batcher = Batcher(translator, max_pending_pieces=40)
+    try:
+        for _ in range(1200):  # one after another: each its own batch
+            work = QueuedWork(translator.encode(["a"]), DECODE, None, 2, lambda r: r[0][0].text)
+            assert batcher.submit(work).result(timeout=60) == "a"
+        assert list(batcher.batch_sizes) == [1] * 1000
+    finally:
+        batcher.stop()
