@@ -35,6 +35,13 @@ def test_truncated(tmp_path):
     (tmp_path / "c.pt").write_bytes(b"")
     with pytest.raises(DamagedCheckpoint, match="c.pt: truncated or corrupt$"):
         load_checkpoint(tmp_path / "c.pt")
+    # Cut where torch's zip reader seeks before the file's start: an OSError (EINVAL), yet
+    # damage, not a read that failed.
+    save_checkpoint({**STATE, "model": {"w": torch.zeros(100_000)}}, tmp_path / "c.pt")
+    (tmp_path / "c.pt").write_bytes((tmp_path / "c.pt").read_bytes()[:5000])
+    with pytest.raises(DamagedCheckpoint, match="c.pt: truncated or corrupt$") as damaged:
+        load_checkpoint(tmp_path / "c.pt")
+    assert isinstance(damaged.value.__cause__, OSError)
 
 
 @pytest.mark.parametrize(

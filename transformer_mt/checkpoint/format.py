@@ -63,9 +63,12 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
 
 def read_failure(error: BaseException) -> OSError | MemoryError | None:
     """The OSError or MemoryError that `error` is, or that torch's reader wrapped (its context):
-    a fault of reading, not of the file's content."""
+    a fault of reading, not of the file's content. Not EINVAL: torch's zip reader seeks before
+    the start of a file cut short (a truncated checkpoint), which Python refuses with it."""
     for candidate in (error, error.__cause__, error.__context__):
-        if isinstance(candidate, OSError | MemoryError):
+        if isinstance(candidate, MemoryError) or (
+            isinstance(candidate, OSError) and candidate.errno != errno.EINVAL
+        ):
             return candidate
     return None
 
