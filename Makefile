@@ -19,7 +19,7 @@ PNG ?= attention.png
 
 # The torch build make install takes: TORCH_CUDA=cpu|cu126|cu130 when given, else the newest CUDA
 # build this machine's NVIDIA driver runs (nvidia-smi's "CUDA Version"), else, without nvidia-smi,
-# the CPU wheel (no multi-GB CUDA download). scripts/torch_index.py chooses and prints pip's index
+# the CPU wheel (no multi-GB CUDA download); an nvidia-smi that fails stops here with what it said. scripts/torch_index.py chooses and prints pip's index
 # arguments (TORCH_INDEX) when .venv is set up; transformer_mt/torch_builds.py lists the builds of
 # TORCH_VERSION. A CUDA build also gets the export-cuda extra (CTranslate2's CUDA 12 cuBLAS).
 TORCH_CUDA ?=

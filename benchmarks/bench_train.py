@@ -143,6 +143,7 @@ class GeneratedVocabulary:
     def __init__(self, size: int):
         self.vocab_size = size
         self.path = Path(f"generated-{size}")
+        self.sha256 = f"generated-{size}"  # what a checkpoint records of its tokenizer
         self.processor = self  # id_to_piece, as SentencePieceProcessor spells it
 
     def id_to_piece(self, index: int) -> str:

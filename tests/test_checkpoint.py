@@ -1,12 +1,15 @@
-"""Checkpoints are written atomically and refused clearly when missing, truncated or foreign."""
+"""Checkpoints are written atomically and refused clearly when missing, truncated or foreign;
+a file that could not be read now is told apart from a damaged one."""
 
+import errno
 import pickle
 
 import pytest
 import torch
 
+from transformer_mt.checkpoint import format as checkpoint_format
 from transformer_mt.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
-from transformer_mt.errors import CheckpointError
+from transformer_mt.errors import CheckpointError, DamagedCheckpoint
 
 STATE = {"model": {"w": torch.ones(3)}, "model_config": {"d_model": 8}, "vocab_size": 10, "step": 7}
 
@@ -27,13 +30,47 @@ def test_truncated(tmp_path):
     save_checkpoint(STATE, tmp_path / "c.pt")
     data = (tmp_path / "c.pt").read_bytes()
     (tmp_path / "c.pt").write_bytes(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match="c.pt: truncated or corrupt$"):
+    with pytest.raises(DamagedCheckpoint, match="c.pt: truncated or corrupt$"):
         load_checkpoint(tmp_path / "c.pt")
+    (tmp_path / "c.pt").write_bytes(b"")
+    with pytest.raises(DamagedCheckpoint, match="c.pt: truncated or corrupt$"):
+        load_checkpoint(tmp_path / "c.pt")
+    # Cut where torch's zip reader seeks before the file's start: an OSError (EINVAL), yet
+    # damage, not a read that failed.
+    save_checkpoint({**STATE, "model": {"w": torch.zeros(100_000)}}, tmp_path / "c.pt")
+    (tmp_path / "c.pt").write_bytes((tmp_path / "c.pt").read_bytes()[:5000])
+    with pytest.raises(DamagedCheckpoint, match="c.pt: truncated or corrupt$") as damaged:
+        load_checkpoint(tmp_path / "c.pt")
+    assert isinstance(damaged.value.__cause__, OSError)
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (OSError(errno.EIO, "Input/output error"), "Input/output error, EIO"),
+        (PermissionError(errno.EACCES, "Permission denied"), "Permission denied, EACCES"),
+        (MemoryError(), "out of memory"),
+    ],
+)
+def test_a_read_that_fails_is_not_taken_for_a_damaged_file(tmp_path, monkeypatch, failure, said):
+    save_checkpoint(STATE, tmp_path / "c.pt")
+
+    def failing(*args, **kwargs):
+        raise failure
+
+    monkeypatch.setattr(checkpoint_format.torch, "load", failing)
+    with pytest.raises(CheckpointError) as error:
+        load_checkpoint(tmp_path / "c.pt")
+    assert not isinstance(error.value, DamagedCheckpoint)
+    assert str(error.value) == (
+        f"{tmp_path / 'c.pt'}: could not be read ({said}); the file is left as it is: rerun once "
+        "it can be read"
+    )
 
 
 def test_foreign_torch_file(tmp_path):
     torch.save({"state_dict": {}}, tmp_path / "other.pt")
-    with pytest.raises(CheckpointError, match="not a transformer_mt checkpoint"):
+    with pytest.raises(DamagedCheckpoint, match="not a transformer_mt checkpoint"):
         load_checkpoint(tmp_path / "other.pt")
 
 
@@ -89,3 +126,17 @@ def test_link_atomically_gives_a_second_name_to_the_same_checkpoint(tmp_path):
     (tmp_path / "step_7.pt").unlink()  # pruning a step file keeps last.pt intact
     assert load_checkpoint(tmp_path / "last.pt")["step"] == 7
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_damaged_step_files_are_kept_aside_under_names_the_folder_never_takes(tmp_path):
+    from transformer_mt.checkpoint import CheckpointFolder, step_checkpoints
+
+    for name in ("step_2.pt", "step_4.pt", "step_6.pt", "step_4.damaged.pt"):
+        (tmp_path / name).write_bytes(name.encode())
+    kept = CheckpointFolder(tmp_path).keep_aside_newer_than(2)
+    assert [p.name for p in kept] == ["step_4.damaged-2.pt", "step_6.damaged.pt"]
+    assert (tmp_path / "step_4.damaged-2.pt").read_bytes() == b"step_4.pt"
+    assert (tmp_path / "step_4.damaged.pt").read_bytes() == b"step_4.damaged.pt"
+    assert step_checkpoints(tmp_path) == [tmp_path / "step_2.pt"]  # never resumed or pruned
+    prune_step_checkpoints(tmp_path, keep=0)
+    assert len(list(tmp_path.glob("*.damaged*.pt"))) == 3

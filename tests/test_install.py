@@ -53,6 +53,19 @@ def fake_nvidia_smi(folder: Path, driver: str, cuda: str) -> Path:
     return folder
 
 
+MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+
+
+def failing_nvidia_smi(folder: Path, status: int = 18, said: str = MISMATCH) -> str:
+    """PATH with an `nvidia-smi` that says `said` on stderr and exits with `status`, as one
+    does after a driver upgrade without a reboot."""
+    folder.mkdir(exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\necho '{said}' >&2\nexit {status}\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return f"{folder}{os.pathsep}{os.environ['PATH']}"
+
+
 def torch_index(path: str, *arguments: str) -> subprocess.CompletedProcess:
     """scripts/torch_index.py run as make install runs it, with PATH = `path`."""
     return subprocess.run(
@@ -100,6 +113,23 @@ def test_a_driver_older_than_every_build_is_one_line_naming_the_driver(tmp_path)
 def test_without_nvidia_smi_the_cpu_build_is_taken(tmp_path):
     (tmp_path / "empty").mkdir()
     result = torch_index(str(tmp_path / "empty"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == CPU_INDEX
+
+
+def test_an_nvidia_smi_that_fails_stops_the_choice_with_what_it_said(tmp_path):
+    result = torch_index(failing_nvidia_smi(tmp_path / "bin"))
+    assert result.returncode == 1 and result.stdout == ""
+    message = result.stderr.strip()
+    assert "\n" not in message
+    assert message.startswith(f"make install: nvidia-smi failed (exit status 18): {MISMATCH}.")
+    assert "reboot" in message and "TORCH_CUDA=cpu|cu126|cu130" in message
+    assert torch_index(failing_nvidia_smi(tmp_path / "bin"), "cpu").stdout.strip() == CPU_INDEX
+
+
+def test_an_nvidia_smi_that_finds_no_gpu_gives_the_cpu_build(tmp_path):
+    path = failing_nvidia_smi(tmp_path / "bin", status=6, said="No devices were found")
+    result = torch_index(path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == CPU_INDEX
 
@@ -188,6 +218,27 @@ def test_make_install_stops_on_a_driver_too_old(tmp_path):
     assert "make install: torch 2.13 has no build for a driver of CUDA 12.4" in result.stderr
     assert 'test -n ""' in result.stdout  # the recipe stops there, before the virtual environment
     assert "--index-url" not in result.stdout
+
+
+def test_make_install_stops_on_an_nvidia_smi_that_fails(tmp_path):
+    result = make_dry_run(tmp_path, failing_nvidia_smi(tmp_path / "bin"))
+    assert f"make install: nvidia-smi failed (exit status 18): {MISMATCH}" in result.stderr
+    assert 'test -n ""' in result.stdout  # the recipe stops there, before the virtual environment
+    assert "index-url" not in result.stdout  # neither a CUDA build nor the CPU one
+
+
+def test_training_stops_on_an_nvidia_smi_that_fails(tmp_path, monkeypatch, tiny_train_job):
+    from transformer_mt.commands.train import train
+
+    monkeypatch.setenv("PATH", failing_nvidia_smi(tmp_path / "bin"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as with a broken driver
+    job = tiny_train_job("trainer.device=auto")
+    with pytest.raises(ConfigError) as stopped:
+        train(job)
+    message = str(stopped.value)
+    assert message.startswith(f"nvidia-smi failed (exit status 18): {MISMATCH}: ")
+    assert "trainer.device=cpu" in message
+    assert not Path(job.run_dir).exists()  # stopped before anything was written
 
 
 # ---- device.py: the fix named when torch cannot use the GPUs ----------------------------------

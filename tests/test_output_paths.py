@@ -115,3 +115,39 @@ def test_average_refuses_the_names_of_training_checkpoints(trained, name):
     result = run("tmt-average", f"run_dir={trained / 'run'}", "last=1", f"output={name}")
     refused_one_line(result, "config key 'output'", "name of a training checkpoint")
     assert snapshot(trained) == before
+
+
+def test_translate_refuses_an_output_that_is_its_standard_input(trained, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("the dog sees the cat .\n", encoding="utf-8")
+    link = tmp_path / "link.txt"
+    os.symlink(source, link)
+    for output in (source, link):
+        with source.open("rb") as stdin:  # tmt-translate output=in.txt < in.txt
+            result = subprocess.run(
+                [str(BIN / "tmt-translate"), f"run_dir={trained / 'run'}", f"output={output}"],
+                stdin=stdin,
+                capture_output=True,
+                timeout=300,
+            )
+        refused_one_line(result, "config key 'output'", "is the file standard input reads")
+        assert source.read_text(encoding="utf-8") == "the dog sees the cat .\n"
+
+
+def test_average_replaces_only_an_average_it_wrote(trained, tmp_path):
+    run_dir = trained / "run"
+    copy = tmp_path / "copy.pt"  # a checkpoint, but no average
+    copy.write_bytes((run_dir / "checkpoints" / "last.pt").read_bytes())
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    before, before_mine = snapshot(trained), snapshot(tmp_path)
+    for output in (run_dir / "config.yaml", run_dir, copy, notes):
+        result = run("tmt-average", f"run_dir={run_dir}", "last=1", f"output={output}")
+        refused_one_line(
+            result, "config key 'output'", "is not an average written by tmt-average", "left as it"
+        )
+    assert snapshot(trained) == before and snapshot(tmp_path) == before_mine
+    average = tmp_path / "average.pt"
+    for _ in range(2):  # the second replaces the first
+        result = run("tmt-average", f"run_dir={run_dir}", "last=1", f"output={average}")
+        assert result.returncode == 0, result.stderr.decode()

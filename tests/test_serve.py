@@ -183,6 +183,17 @@ def test_a_sampling_request_is_decided_by_its_own_seed(client, translator):
     assert [n[0].text for n in library.translate_nbest(SENTENCES[:8])] == first
 
 
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])  # just outside torch's seeds
+def test_a_seed_torch_cannot_take_is_refused_and_the_server_answers_the_next_request(client, seed):
+    asked = {"text": SENTENCES[0], "strategy": "sample", "seed": seed}
+    answer = client.post("/translate", json=asked)
+    assert answer.status_code == 422
+    assert answer.json()["errors"][0]["where"] == "seed"
+    assert client.post("/translate", json={"text": SENTENCES[0]}).status_code == 200
+    edge = {**asked, "seed": 2**64 - 1 if seed > 0 else -(2**63)}
+    assert client.post("/translate", json=edge).status_code == 200
+
+
 def test_tmt_serve_builds_one_translator_for_its_lifetime(translator, monkeypatch):
     """From start-up to shutdown, whatever decode settings the requests ask for (beam sizes,
     n-best lists, greedy, sampling with two seeds, attention, a length penalty, a refused

@@ -11,6 +11,7 @@ import json
 import threading
 
 import pytest
+import torch
 
 pytest.importorskip("fastapi", reason="the serve extra is not installed")
 httpx = pytest.importorskip("httpx", reason="the dev extra is not installed")
@@ -22,6 +23,7 @@ from transformer_mt.decode.translator import Translator  # noqa: E402
 from transformer_mt.errors import ConfigError  # noqa: E402
 from transformer_mt.serve import app as serve_app  # noqa: E402
 from transformer_mt.serve.app import check_limits, create_app  # noqa: E402
+from transformer_mt.serve.batcher import Batcher, QueuedWork  # noqa: E402
 
 # a one-word request is 2 pieces (the word and EOS): 20 fit the bound, and each is its own batch
 LIMITS = ServeJob(run_dir="unused", decode=DecodeConfig(), max_pending_pieces=40)
@@ -398,3 +400,50 @@ def test_tmt_serve_loads_nothing_with_a_bad_limit_and_passes_its_connection_limi
     assert loaded == []
     command.serve(dataclasses.replace(LIMITS, max_connections=7))
     assert ran["limit_concurrency"] == 7 and ran["host"] == "127.0.0.1"
+
+
+class SamplingEcho(GatedEcho):
+    """GatedEcho that also samples, reseeding a torch generator as our model's search does."""
+
+    strategies = (Strategy.beam, Strategy.greedy, Strategy.sample)
+
+    def reseed(self, seed: int) -> None:
+        torch.Generator().manual_seed(seed)
+
+
+def test_a_request_whose_reseed_fails_gets_the_error_and_the_worker_answers_the_next(backend):
+    """Past the request's checks (as a bug in them would let it), a seed torch refuses fails
+    that request only: the worker thread lives on and translates the next one."""
+    backend = SamplingEcho(backend.words)
+    backend.gate.set()
+    translator = Translator(backend, Tokenizers(backend.words, backend.words), DECODE)
+    batcher = Batcher(translator, max_pending_pieces=40)
+
+    def work(decode: DecodeConfig) -> QueuedWork:
+        return QueuedWork(translator.encode(["a b"]), decode, None, 3, lambda r: r[0][0].text)
+
+    overflowing = dataclasses.replace(DECODE, strategy=Strategy.sample, seed=2**64)
+    try:
+        bad = batcher.submit(work(overflowing))
+        # The limits only keep a broken worker from hanging the test run.
+        with pytest.raises(ValueError, match="Overflow"):
+            bad.result(timeout=60)
+        assert batcher.submit(work(DECODE)).result(timeout=60) == "a b"
+        assert batcher.worker.is_alive()
+    finally:
+        batcher.stop()
+
+
+def test_the_batch_sizes_kept_are_bounded(backend):
+    """A server answers requests for months: it remembers the sizes of its last 1,000 batches,
+    not of every one."""
+    backend.gate.set()
+    translator = Translator(backend, Tokenizers(backend.words, backend.words), DECODE)
+    batcher = Batcher(translator, max_pending_pieces=40)
+    try:
+        for _ in range(1200):  # one after another: each its own batch
+            work = QueuedWork(translator.encode(["a"]), DECODE, None, 2, lambda r: r[0][0].text)
+            assert batcher.submit(work).result(timeout=60) == "a"
+        assert list(batcher.batch_sizes) == [1] * 1000
+    finally:
+        batcher.stop()

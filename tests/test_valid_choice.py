@@ -150,6 +150,18 @@ def test_eval_refuses_a_bad_length_penalty_in_one_line_naming_the_key(run_dir, o
     assert f"config key '{key}'" in message
 
 
+@pytest.mark.slow
+def test_eval_refuses_to_score_the_valid_split_with_an_alpha_chosen_on_it(run_dir):
+    before = sorted(path.name for path in run_dir.iterdir())
+    job = compose_job("eval", [f"run_dir={run_dir}", "split=valid", "decode.length_penalty=auto"])
+    with pytest.raises(ConfigError) as refused:
+        evaluate(job)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "config key 'decode.length_penalty'" in message and "split=valid" in message
+    assert sorted(path.name for path in run_dir.iterdir()) == before  # no scores written
+
+
 def test_commands_without_a_valid_split_refuse_auto_naming_the_key(tmp_path, tiny_train_job):
     auto = ["decode.length_penalty=auto"]
     for command, name in ((translate, "translate"), (serve, "serve")):

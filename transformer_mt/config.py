@@ -79,6 +79,8 @@ class ResumeMode(str, Enum):
 
 
 AUTO = "auto"
+SEED_RANGE = (-(2**63), 2**64 - 1)
+"""The seeds torch's random generators take (Generator.manual_seed raises outside them)."""
 """The value of decode.length_penalty (tmt-eval) and last (tmt-average) that asks for the
 setting to be chosen on the run's valid split (commands/valid_choice.py)."""
 
@@ -465,7 +467,8 @@ class AverageJob:
     or auto: the number (1, the newest alone, included) with the best valid BLEU, from
     commands/valid_choice.py's AVERAGE_GRID and all that are kept."""
     output: str = "averaged.pt"
-    """File name inside run_dir/checkpoints, or a path; `make eval ARGS=checkpoint=averaged.pt`."""
+    """File name inside run_dir/checkpoints, or a path: a new file, or an average tmt-average
+    wrote before (anything else is refused); `make eval ARGS=checkpoint=averaged.pt`."""
     valid_sentences: int = 1000
     """last=auto: each candidate translates the first this many sentences of the run's valid
     split (all of it when shorter)."""
@@ -675,6 +678,11 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
     _require(cfg.temperature > 0, f"{key}.temperature", f"must be > 0, got {cfg.temperature}")
     _require(cfg.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0: off), got {cfg.top_k}")
     _require(0.0 < cfg.top_p <= 1.0, f"{key}.top_p", f"must be in (0, 1] (1: off), got {cfg.top_p}")
+    _require(
+        SEED_RANGE[0] <= cfg.seed <= SEED_RANGE[1],
+        f"{key}.seed",
+        f"must be in [-2^63, 2^64 - 1] (torch's generators), got {cfg.seed}",
+    )
     _require(
         cfg.quantize == Quantize.none or cfg.precision != DecodePrecision.bf16,
         f"{key}.precision",

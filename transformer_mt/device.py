@@ -15,6 +15,7 @@ from transformer_mt.errors import ConfigError
 from transformer_mt.torch_builds import (
     CUDA_BUILDS,
     TORCH_WHEELS,
+    NvidiaSmiFailed,
     build_for_driver,
     driver_cuda,
     nvidia_smi,
@@ -51,8 +52,16 @@ def resolve_device(name: str) -> torch.device:
 
 def nvidia_smi_with_gpus() -> str | None:
     """What `nvidia-smi` prints (its table, then its GPU list), or None where it is not
-    installed or fails."""
-    table, gpus = nvidia_smi(), nvidia_smi("-L")
+    installed or finds no GPU; ConfigError with what it said where it fails (a broken driver
+    must not turn a GPU run into a CPU run unseen)."""
+    try:
+        table, gpus = nvidia_smi(), nvidia_smi("-L")
+    except NvidiaSmiFailed as failed:
+        raise ConfigError(
+            f"{failed.problem}: the NVIDIA driver does not work as installed (after a driver "
+            "upgrade, reboot), so torch sees no GPU; or train on the CPU on purpose with "
+            "trainer.device=cpu (eval and translate: device=cpu)"
+        ) from None
     return None if table is None or gpus is None else f"{table}\n{gpus}"
 
 

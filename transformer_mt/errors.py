@@ -15,3 +15,9 @@ class DataError(TransformerMTError):
 
 class CheckpointError(TransformerMTError):
     """A checkpoint is missing, corrupt, or not one of ours; the message names the path."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint file whose content is not a checkpoint of ours (truncated, corrupt, foreign):
+    reading it again gives the same. A read that failed (an OSError, memory) is a plain
+    CheckpointError: the file may be whole."""

@@ -23,17 +23,45 @@ RELEASE.md), so neither is offered."""
 CPU_BUILD = "cpu"
 
 
+class NvidiaSmiFailed(ConfigError):
+    """nvidia-smi is installed but fails: a driver is there, and not working (its library and
+    kernel module of other versions after an upgrade without a reboot, a GPU that fell off the
+    bus), so neither a CUDA build nor the CPU can be chosen from it. The message is make
+    install's; `problem` says what nvidia-smi said, for device.py's own."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+        super().__init__(
+            f"{problem}. The NVIDIA driver does not work as installed (after a driver upgrade, "
+            f"reboot); or choose the torch build with TORCH_CUDA={'|'.join(build_names())}"
+        )
+
+
+NO_GPU = "No devices were found"  # what nvidia-smi says (exit status 6) on a machine without GPUs
+
+
 def nvidia_smi(*arguments: str) -> str | None:
-    """What `nvidia-smi ARGUMENTS` prints (no arguments: its table), or None where it is not
-    installed or fails (no driver, no GPU)."""
+    """What `nvidia-smi ARGUMENTS` prints (no arguments: its table); None where it is not
+    installed or finds no GPU. NvidiaSmiFailed, with what it said, where it fails otherwise."""
     if shutil.which("nvidia-smi") is None:
         return None
+    command = " ".join(["nvidia-smi", *arguments])
     try:
-        return subprocess.run(
-            ["nvidia-smi", *arguments], capture_output=True, text=True, timeout=30, check=True
-        ).stdout
-    except (OSError, subprocess.SubprocessError):
+        done = subprocess.run(
+            ["nvidia-smi", *arguments], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        raise NvidiaSmiFailed(f"{command} did not answer within 30 s") from None
+    except OSError as error:
+        raise NvidiaSmiFailed(f"{command} could not run ({error.strerror})") from None
+    said = " ".join((done.stderr.strip() or done.stdout.strip()).split())
+    if done.returncode == 0:
+        return done.stdout
+    if NO_GPU in said:
         return None
+    raise NvidiaSmiFailed(
+        f"{command} failed (exit status {done.returncode}): {said or 'it printed nothing'}"
+    )
 
 
 def driver_cuda(smi_output: str | None) -> tuple[int, int] | None:
@@ -75,8 +103,8 @@ def requested_build(name: str) -> str:
 
 
 def detected_build(smi_output: str | None) -> str:
-    """The build for the driver nvidia-smi describes: the CPU build without nvidia-smi (or where
-    it fails), else the newest CUDA build the driver runs; an error naming the driver to
+    """The build for the driver nvidia-smi describes: the CPU build without nvidia-smi (or
+    without GPUs), else the newest CUDA build the driver runs; an error naming the driver to
     install where it runs none."""
     if smi_output is None:
         return CPU_BUILD

@@ -79,3 +79,16 @@ def test_a_damaged_model_file_is_named_with_how_to_restore_it(toy_tokenizer, tmp
         message.startswith(f"{damaged}: not a readable SentencePiece model") and "\n" not in message
     )
     assert "the prepared folder its prepared.json names" in message
+
+
+def test_the_sha256_is_of_the_pieces_not_of_the_files_bytes(toy_tokenizer, tmp_path):
+    """A tokenizer trained again elsewhere (a prepared folder built again) holds the same pieces
+    in a file of other bytes (SentencePiece records where it was trained): the same sha256.
+    Another corpus's tokenizer of the same size: another."""
+    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
+    again = train_tokenizer(sentences, tmp_path / "elsewhere" / "spm.model", vocab_size=400)
+    assert again.path.read_bytes() != toy_tokenizer.path.read_bytes()
+    assert again.sha256 == toy_tokenizer.sha256
+    others = [s for pair in toy_pairs(500, seed=4) for s in pair]
+    other = train_tokenizer(others, tmp_path / "other" / "spm.model", vocab_size=400)
+    assert other.vocab_size == 400 and other.sha256 != toy_tokenizer.sha256

@@ -82,6 +82,21 @@ def test_int8_is_refused_on_cuda_and_with_bf16_naming_the_key(random_model):
     assert job.decode.quantize == Quantize.int8 and job.decode.precision == DecodePrecision.auto
 
 
+def test_int8_without_torch_ao_quantization_is_refused_naming_the_key(random_model, monkeypatch):
+    """torch marks torch.ao.quantization deprecated: a torch without it still decodes in
+    float32, and int8 is refused in one line."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch.ao.quantization", None)  # as if it were gone
+    model = random_model(vocab=50, seed=0)
+    with pytest.raises(ConfigError) as refused:
+        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8)
+    message = str(refused.value)
+    assert message.startswith("config key 'decode.quantize': int8 needs torch.ao.quantization")
+    assert "\n" not in message and "decode.quantize=none" in message
+    assert cpu_linear_copy(model, LinearKernel.onednn) is not None  # float32 is unaffected
+
+
 def test_each_member_of_an_ensemble_searches_in_int8(random_model):
     pair = Ensemble([random_model(vocab=50, seed=1, eos_bonus=3.0) for _ in range(2)])
     search = ModelSearch(pair, torch.device("cpu"), quantize=Quantize.int8)

@@ -183,3 +183,56 @@ def test_sampling_through_the_translator_with_an_ensemble(tmp_path, tokenizer_fi
     decode = DecodeConfig(strategy=Strategy.sample, max_len_b=5)
     pair = load_translator(run, ["step_1.pt", "step_2.pt"], decode=decode, device="cpu")
     assert len(pair.translate(["the dog sees the cat.", ""])) == 2
+
+
+def one_update_run(folder, toy_seed: int):
+    """A run folder trained for one update by tmt-train on the toy corpus drawn with `toy_seed`
+    (another seed: another tokenizer of the same size)."""
+    from transformer_mt.commands.train import train
+
+    overrides = [
+        "data=toy",
+        "data.toy_sizes=[300,20,20]",
+        f"data.toy_seed={toy_seed}",
+        "data.vocab_size=400",
+        "model=tiny",
+        "trainer.max_steps=1",
+        "trainer.batch_tokens=1000",
+        "trainer.valid_bleu_sentences=0",
+        "trainer.progress_bar=false",
+        "trainer.loader_workers=0",
+        f"run_dir={folder / 'run'}",
+        f"data.prepared_dir={folder / 'prepared'}",
+    ]
+    return train(compose_job("train", overrides)).parents[1]
+
+
+def test_a_checkpoint_of_another_tokenizer_of_the_same_size_is_refused_naming_both_files(
+    tmp_path,
+):
+    """A checkpoint copied out of another run translates garbage with this run's tokenizer,
+    though the sizes agree: the tokenizer's sha256 recorded by tmt-train tells them apart, alone
+    and as a member of an ensemble. A checkpoint written before the hash was recorded loads as
+    it did (sizes compared)."""
+    from transformer_mt.data.tokenizer import load_tokenizers, vocabulary
+    from transformer_mt.errors import CheckpointError
+
+    run, other = one_update_run(tmp_path / "a", 1), one_update_run(tmp_path / "b", 2)
+    ours, theirs = load_tokenizers(run).src, load_tokenizers(other).src
+    assert ours.vocab_size == theirs.vocab_size and vocabulary(ours) != vocabulary(theirs)
+    state = torch.load(other / "checkpoints" / "last.pt", weights_only=True)
+    copied = tmp_path / "copied.pt"  # outside any run folder
+    save_checkpoint(state, copied)
+    for checkpoint in (str(copied), ["last.pt", str(copied)]):
+        with pytest.raises(CheckpointError) as refused:
+            load_translator(run, checkpoint, device="cpu")
+        message = str(refused.value)
+        assert "\n" not in message
+        assert (
+            f"{copied} was trained with another SentencePiece model than {run / 'spm.model'}"
+            in message
+        )
+    assert state["tokenizer_sha256"] == [theirs.sha256]
+    del state["tokenizer_sha256"]  # as checkpoints were written before
+    save_checkpoint(state, copied)
+    assert load_translator(run, str(copied), device="cpu").origin["step"] == 1

@@ -85,6 +85,8 @@ def test_temperature_divides_the_log_probabilities():
         ({"top_p": 1.5}, "decode.top_p"),
         ({"min_len": -1}, "decode.min_len"),
         ({"nbest": 5, "beam_size": 4}, "decode.nbest"),
+        ({"seed": 2**64}, "decode.seed"),  # torch's generators take [-2^63, 2^64 - 1]
+        ({"seed": -(2**63) - 1}, "decode.seed"),
     ],
 )
 def test_invalid_decode_values_name_the_key(override, key):

@@ -143,13 +143,15 @@ def rank_process(
     extra: tuple[str, ...] = (),
     resume_step: int = 0,
     count_collectives: bool = False,
+    fail_at: int = 0,
 ) -> None:
     """One of two gloo ranks, in a spawned process: trains, then writes the update it stopped at
     and why. `clock_speed` makes this rank's clock run faster; `sigterm_at` sends it SIGTERM after
     that update (0: never); `prepare_delay` seconds are added to its data preparation; `extra`:
     overrides of this rank only; `resume_step`: this rank finds step_N.pt as the newest checkpoint
     (as a stale directory listing on its node would); `count_collectives`: see
-    count_update_collectives. An error is written to rankN.error."""
+    count_update_collectives; `fail_at`: this rank raises RuntimeError at that update (0: never).
+    An error is written to rankN.error (and, as torchrun asks, to rankN.torchrun.json)."""
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
@@ -172,6 +174,8 @@ def rank_process(
         return reason
 
     def step_then_signal(trainer, *args):
+        if trainer.progress.step + 1 == fail_at:
+            raise RuntimeError(f"rank {rank} fails at update {fail_at}")
         result = train_step(trainer, *args)
         if trainer.progress.step == sigterm_at:
             os.kill(os.getpid(), signal.SIGTERM)
@@ -194,6 +198,7 @@ def rank_process(
 
         CheckpointFolder.newest_readable = stale_listing
     job = compose_job("train", [*overrides, *extra])
+    os.environ["TORCHELASTIC_ERROR_FILE"] = str(Path(job.run_dir, f"rank{rank}.torchrun.json"))
     try:
         train(job)
     except TransformerMTError as error:
@@ -375,6 +380,60 @@ def test_ranks_that_would_resume_different_checkpoints_both_stop(same_batches, t
         assert "(checkpoint: rank 0: " in message and "step_4.pt (update 4)" in message
         assert "step_2.pt (update 2)" in message
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
+
+
+def test_a_rank_that_fails_ends_both_ranks_at_once_and_every_error_starts_with_its_cause(
+    same_batches, tmp_path
+):
+    """Rank 1 raises at update 3, while rank 0 waits in the update's gradient all-reduce: rank 0
+    ends within 60 s of rank 1 (seconds, in fact; without the abort it would wait for
+    trainer.rank_timeout_minutes), its error's first line is rank 1's cause, and so is what
+    each rank leaves for torchrun to print last."""
+    run_dir = tmp_path / "run"
+    overrides = [*same_batches, "trainer.max_steps=50", f"run_dir={run_dir}"]
+    context, port = multiprocessing.get_context("spawn"), free_port()
+    processes = [
+        context.Process(target=rank_process, args=(rank, port, overrides), kwargs=kwargs)
+        for rank, kwargs in enumerate([{}, {"fail_at": 3}])
+    ]
+    for process in processes:
+        process.start()
+    processes[1].join(timeout=300)  # starting up and two updates, on a loaded machine
+    processes[0].join(timeout=60)  # the bound once rank 1 has ended
+    hung = [process.pid for process in processes if process.is_alive()]
+    for process in processes:
+        if process.is_alive():
+            process.kill()
+    assert not hung, "a rank did not end"
+    assert [process.exitcode for process in processes] == [1, 1]
+    cause = "rank 1 failed: RuntimeError: rank 1 fails at update 3"
+    assert (run_dir / "rank0.error").read_text().splitlines()[0] == cause
+    for rank in range(2):
+        said = json.loads((run_dir / f"rank{rank}.torchrun.json").read_text())["message"]
+        assert said["extraInfo"]["py_callstack"] == said["message"] == cause
+
+
+def test_the_first_failure_is_what_every_rank_reads_and_a_lost_store_leaves_each_its_own(
+    monkeypatch,
+):
+    from transformer_mt.train import distributed
+
+    store = dist.HashStore()  # the rendezvous store, in memory
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", lambda: store)
+    broken = RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:4514")
+    assert distributed.first_failure(0, broken) is None  # a rank went away without a word
+    first = distributed.first_failure(1, ValueError("bad\nsecond line"))
+    assert first.line() == "rank 1 failed: ValueError: bad"
+    assert distributed.first_failure(0, broken) == first
+    assert distributed.first_failure(0, TransformerMTError("refused")) == first
+
+    def gone():
+        raise dist.DistNetworkError("Failed to recv, got 0 bytes")
+
+    monkeypatch.setattr(dist.distributed_c10d, "_get_default_store", gone)
+    mine = distributed.first_failure(0, TransformerMTError("refused"))
+    assert mine.line() == "rank 0 failed: refused"
+    assert distributed.first_failure(0, broken) is None
 
 
 def test_two_ddp_processes_train_compiled_and_stop_compiling(same_batches, tmp_path):

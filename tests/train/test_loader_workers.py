@@ -6,6 +6,8 @@ and end when the trainer is killed."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -18,6 +20,11 @@ import pytest
 import torch
 from toy_runs import trainer_for
 
+from transformer_mt.data.batching import BatchDataset
+from transformer_mt.data.prepare import prepare
+from transformer_mt.errors import TransformerMTError
+from transformer_mt.run_dir import RunDir
+from transformer_mt.train import trainer as trainer_module
 from transformer_mt.train.signals import STOP_SIGNALS
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux's")
@@ -87,3 +94,31 @@ def test_the_worker_and_its_server_end_when_the_trainer_is_killed():
     while not (gone(worker) and gone(server)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert gone(worker) and gone(server)
+
+
+class KilledOnThirdBatch(BatchDataset):
+    """The trainer's batches; a loader worker that reaches the third is SIGKILLed, as the OOM
+    killer would kill it (the worker imports this module to unpickle the dataset)."""
+
+    def __getitem__(self, index):
+        if index >= 2 and multiprocessing.parent_process() is not None:  # in the worker only
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__getitem__(index)
+
+
+def test_a_worker_killed_by_the_oom_killer_stops_training_with_what_to_do(
+    tiny_train_job, monkeypatch
+):
+    job = tiny_train_job("trainer.loader_workers=1")
+    monkeypatch.setattr(trainer_module, "BatchDataset", KilledOnThirdBatch)
+    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
+    trainer.writer.close()
+    stream = trainer.micro_batches()
+    with pytest.raises(TransformerMTError) as stopped:
+        for _ in itertools.islice(stream, 1000):  # a bound, should the worker never die
+            pass
+    stream.close()
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message.startswith("a data loader worker ended (killed by SIGKILL): most often the")
+    assert "out-of-memory killer" in message and "trainer.loader_workers" in message

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -82,18 +83,61 @@ def test_resuming_with_another_model_shape_names_the_key_and_both_values(tiny_tr
         train(tiny_train_job("trainer.max_steps=4", "model.d_model=32", *QUICK))
 
 
-def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(tiny_train_job, caplog):
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one_and_is_kept(
+    tiny_train_job, caplog
+):
     job = tiny_train_job("trainer.max_steps=4", "trainer.checkpoint_every=2", *QUICK)
     last = train(job)
     folder = last.parent
     assert load(last)["step"] == 4
     data = (folder / "step_4.pt").read_bytes()
-    (folder / "step_4.pt").write_bytes(data[: len(data) // 2])  # last.pt is the same file
+    damaged = data[: len(data) // 2]
+    (folder / "step_4.pt").write_bytes(damaged)  # last.pt is the same file
     with caplog.at_level(logging.INFO):
-        state = load(train(tiny_train_job("trainer.max_steps=5", *QUICK)))
+        state = load(
+            train(tiny_train_job("trainer.max_steps=6", "trainer.checkpoint_every=2", *QUICK))
+        )
     assert "step_4.pt: truncated or corrupt" in caplog.text
     assert "resumed from" in caplog.text and "step_2.pt at update 2" in caplog.text
-    assert state["step"] == 5
+    assert "kept the damaged step_4.pt aside as step_4.damaged.pt" in caplog.text
+    assert state["step"] == 6
+    # The run wrote its own step_4.pt again; the damaged file is kept, byte for byte.
+    assert (folder / "step_4.damaged.pt").read_bytes() == damaged
+    assert load(folder / "step_4.pt")["step"] == 4
+
+
+def file_bytes(folder) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    ("failure", "said"),
+    [
+        (OSError(errno.EIO, "Input/output error"), "Input/output error, EIO"),
+        (MemoryError(), "out of memory"),
+    ],
+)
+def test_a_newest_checkpoint_that_cannot_be_read_now_stops_the_run_changing_nothing(
+    tiny_train_job, tmp_path, monkeypatch, failure, said
+):
+    job = tiny_train_job("trainer.max_steps=4", "trainer.checkpoint_every=2", *QUICK)
+    newest = train(job).parent / "step_4.pt"
+    before = file_bytes(tmp_path)  # the run folder and the prepared data
+    real_load = torch.load
+
+    def failing_on_newest(path, *args, **kwargs):
+        if Path(path) == newest:
+            raise failure
+        return real_load(path, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_module.torch, "load", failing_on_newest)
+    with pytest.raises(CheckpointError) as stopped:
+        train(tiny_train_job("trainer.max_steps=6", "trainer.checkpoint_every=2", *QUICK))
+    assert str(stopped.value) == (
+        f"{newest}: could not be read ({said}); the file is left as it is: rerun once it can "
+        "be read"
+    )
+    assert file_bytes(tmp_path) == before
 
 
 def test_a_file_that_is_not_our_checkpoint_is_refused_clearly(tiny_train_job, tmp_path):

@@ -4,7 +4,7 @@ model is and what it was trained on, and the one check of whether it fits, for a
 training state it carries (`training_state`: progress, optimizer, schedule, scaler, RNG), the
 folder of a run's checkpoints (`folder`: the only module that names its files) and averaging."""
 
-from transformer_mt.checkpoint.average import average_checkpoints, check_compatible
+from transformer_mt.checkpoint.average import AVERAGED_FROM, average_checkpoints, check_compatible
 from transformer_mt.checkpoint.folder import (
     CheckpointFolder,
     is_training_checkpoint,
@@ -26,6 +26,7 @@ from transformer_mt.checkpoint.record import (
 from transformer_mt.checkpoint.training_state import Progress, RngStates, TrainingState
 
 __all__ = [
+    "AVERAGED_FROM",
     "FORMAT",
     "SHAPE_KEYS",
     "Checkpoint",

@@ -19,6 +19,10 @@ from transformer_mt.checkpoint.record import (
 from transformer_mt.checkpoint.training_state import model_weights
 from transformer_mt.errors import CheckpointError
 
+AVERAGED_FROM = "averaged_from"
+"""The key only an average has (the names of the checkpoints averaged): how tmt-average knows a
+file it wrote before, which it may replace."""
+
 
 def average_checkpoints(
     paths: list[Path], *, chosen_on_valid: dict | None = None
@@ -57,7 +61,7 @@ def average_checkpoints(
         "format": FORMAT,
         "model": model,
         **described,
-        "averaged_from": [Path(path).name for path in paths],
+        AVERAGED_FROM: [Path(path).name for path in paths],
         **({} if chosen_on_valid is None else {"average_auto": chosen_on_valid}),
     }
 

@@ -1,10 +1,12 @@
 """A run's checkpoints/ folder, the one place that names its files: step_N.pt (the newest
 trainer.keep_checkpoints kept), last.pt and best.pt (hard links to a step file, so nothing is
-written twice), averaged.pt and exported model folders beside them."""
+written twice), averaged.pt and exported model folders beside them, and step_N.damaged.pt (a
+damaged step file that a resume passed over, kept for the user to look at)."""
 
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
 import re
@@ -13,13 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.checkpoint.format import load_checkpoint, save_checkpoint
-from transformer_mt.errors import CheckpointError
+from transformer_mt.errors import CheckpointError, DamagedCheckpoint
 from transformer_mt.files import link_atomically, remove_partial_writes
 
 log = logging.getLogger(__name__)
 
 STEP_FILE = re.compile(r"step_(\d+)\.pt")
 LAST, BEST = "last.pt", "best.pt"
+DAMAGED = "damaged"  # step_N.damaged.pt: a damaged step file a resume passed over, kept
 
 
 def is_training_checkpoint(name: str) -> bool:
@@ -58,19 +61,38 @@ def newest_step_checkpoints(folder: Path, n: int) -> list[Path]:
 
 def load_newest_readable(folder: Path) -> tuple[dict[str, Any], Path] | None:
     """The newest checkpoint in `folder` that loads (step files newest first, then last.pt),
-    or None when there is none at all; CheckpointError when there are some but none loads."""
+    or None when there is none at all. Only a damaged file (DamagedCheckpoint) is passed over,
+    with a warning; one that could not be read now (an OSError, memory) stops the search with
+    its CheckpointError, so that a resume never rolls a run back over a file that may be whole.
+    CheckpointError when there are some but none loads."""
     candidates = [*reversed(step_checkpoints(folder)), folder / LAST]
     candidates = [path for path in candidates if path.is_file()]
     problems = []
     for path in candidates:
         try:
             return load_checkpoint(path), path
-        except CheckpointError as error:
-            log.warning("%s; trying the previous checkpoint", error)
+        except DamagedCheckpoint as error:
+            log.warning(
+                "%s; trying the previous checkpoint (a resume from it keeps this file aside as "
+                "%s, which no run overwrites)",
+                error,
+                aside_path(path).name,
+            )
             problems.append(str(error))
     if problems:
         raise CheckpointError(f"no readable checkpoint in {folder}: " + "; ".join(problems))
     return None
+
+
+def aside_path(path: Path) -> Path:
+    """Where a damaged checkpoint is kept: step_4.pt -> step_4.damaged.pt (then
+    step_4.damaged-2.pt, ...), a name the folder never writes, prunes or resumes from."""
+    for number in itertools.count(1):
+        suffix = "" if number == 1 else f"-{number}"
+        aside = path.with_name(f"{path.stem}.{DAMAGED}{suffix}{path.suffix}")
+        if not aside.exists():
+            return aside
+    raise AssertionError("unreachable")
 
 
 class CheckpointFolder:
@@ -99,6 +121,21 @@ class CheckpointFolder:
 
     def newest_readable(self) -> tuple[dict[str, Any], Path] | None:
         return load_newest_readable(self.path) if self.path.is_dir() else None
+
+    def keep_aside_newer_than(self, step: int) -> list[Path]:
+        """Rename every step file newer than update `step` to its aside_path, so that the run
+        resumed from `step` never overwrites it; the names given. Called (by rank 0, under the
+        run's lock) once a resume from the newest readable checkpoint is agreed: every newer
+        step file was then passed over as damaged (load_newest_readable tries the newest first
+        and stops at a file it could not read)."""
+        kept = []
+        for path in step_checkpoints(self.path):
+            if int(STEP_FILE.fullmatch(path.name).group(1)) > step:
+                aside = aside_path(path)
+                os.rename(path, aside)
+                log.warning("kept the damaged %s aside as %s", path.name, aside.name)
+                kept.append(aside)
+        return kept
 
     def newest_steps(self, n: int) -> list[Path]:
         return newest_step_checkpoints(self.path, n)

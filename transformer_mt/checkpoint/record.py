@@ -1,5 +1,6 @@
 """What a checkpoint says about itself, as one typed record: the model's configuration, its
-vocabulary, the prepared data it was trained on, the update and the training progress; and the
+vocabulary (sizes, and the sha256 of its SentencePiece models' pieces), the prepared data it was
+trained on, the update and the training progress; and the
 one check that decides whether a checkpoint fits, `check_fits`, asked for a purpose (resume,
 fine-tune, average, decode: eval, translate, export, serve), with the one builder of its refusal.
 """
@@ -63,6 +64,11 @@ class CheckpointRecord:
     """The update the checkpoint was written at."""
     progress: Progress | None = None
     """Where training stood (None: an average, or a run not yet saved)."""
+    tokenizer_sha256: tuple[str, ...] | None = None
+    """Tokenizers.sha256 of the SentencePiece model(s) the vocabulary is (spm.model, or
+    spm.src.model and spm.tgt.model: each piece with its score and kind), where two tokenizers
+    of one size differ. None: not known (a run whose data is not prepared, or a checkpoint
+    written before it was recorded)."""
 
     @classmethod
     def of_run(
@@ -77,6 +83,7 @@ class CheckpointRecord:
             vocab_size=tokenizers.tgt.vocab_size,
             src_vocab_size=source,
             data_folder=data_folder,
+            tokenizer_sha256=tokenizers.sha256,
         )
 
     @classmethod
@@ -94,6 +101,7 @@ class CheckpointRecord:
             data_folder=state.get("data_folder"),
             step=int(state["step"]),
             progress=Progress.from_state(state["progress"]) if state.get("progress") else None,
+            tokenizer_sha256=tuple(hashes) if (hashes := state.get("tokenizer_sha256")) else None,
         )
 
     def as_state(self) -> dict:
@@ -105,6 +113,9 @@ class CheckpointRecord:
             "data_folder": self.data_folder,
             "step": self.step,
             **({} if self.progress is None else {"progress": self.progress.as_state()}),
+            "tokenizer_sha256": None
+            if self.tokenizer_sha256 is None
+            else list(self.tokenizer_sha256),
         }
 
     def with_progress(self, progress: Progress) -> CheckpointRecord:
@@ -138,6 +149,17 @@ class CheckpointRecord:
             pairs.append(
                 ("vocabulary", "src_vocab_size", self.src_vocab_size, other.src_vocab_size)
             )
+            # A checkpoint written before the hash was recorded (None) still loads: its
+            # vocabulary is compared by sizes alone, as it always was.
+            if None not in (self.tokenizer_sha256, other.tokenizer_sha256):
+                pairs.append(
+                    (
+                        "vocabulary",
+                        "tokenizer_sha256",
+                        self.tokenizer_sha256,
+                        other.tokenizer_sha256,
+                    )
+                )
         if "data" in aspects:
             pairs.append(("data", "data_folder", self.data_folder, other.data_folder))
         for aspect, setting, ours, theirs in pairs:
@@ -232,6 +254,12 @@ def refusal(
             f"{path}: {name} is {mismatch.ours} in {ours_from} but {mismatch.theirs} in the "
             f"checkpoint; use a new run_dir, or restore {name}={mismatch.theirs}"
         )
+    if mismatch.setting == "tokenizer_sha256":
+        return (
+            f"{path} was trained with another SentencePiece model than {ours_from} (its pieces' "
+            f"sha256 {', '.join(h[:12] for h in mismatch.theirs)}, not those of that model): its "
+            "ids would mean other pieces; use it with its own run folder's tokenizer"
+        )
     if purpose == Purpose.fine_tune:
         return (
             f"{path}: the parent model's embedding has {pieces(theirs)}, but {ours_from} has "
@@ -260,9 +288,8 @@ def model_from_checkpoint(state: dict, path: Path, tokenizers: Tokenizers) -> Tr
     """The checkpoint's model, checked against the run folder's tokenizers."""
     record = CheckpointRecord.read(state, path)
     beside = CheckpointRecord.of_run(record.model, tokenizers)
-    check_fits(
-        Purpose.decode, beside, record, path, ours_from="the tokenizer files in its run folder"
-    )
+    files = " and ".join(str(file) for file in tokenizers.files)
+    check_fits(Purpose.decode, beside, record, path, ours_from=files)
     model = record.build_model()
     try:
         model.load_state_dict(model_weights(state))

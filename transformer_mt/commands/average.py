@@ -8,8 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from transformer_mt.checkpoint import (
+    AVERAGED_FROM,
     average_checkpoints,
     is_training_checkpoint,
+    load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
     step_checkpoints,
@@ -18,7 +20,7 @@ from transformer_mt.commands.valid_choice import average_grid, choose_on_valid, 
 from transformer_mt.config import AUTO, AverageJob, config_dict, validate_decode
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import resolve_device
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, DamagedCheckpoint
 from transformer_mt.run_dir import RunDir
 
 
@@ -28,13 +30,7 @@ def average(job: AverageJob) -> tuple[list[Path], Path]:
     check_last(job.last)
     run = RunDir(job.run_dir)
     output = run.checkpoint(job.output)
-    if output.parent.resolve() == run.checkpoints.path.resolve() and is_training_checkpoint(
-        output.name
-    ):
-        raise ConfigError(
-            f"config key 'output': {job.output} is the name of a training checkpoint, which an "
-            "average (no optimizer state) must not replace; name another file, e.g. averaged.pt"
-        )
+    check_output(output, job.output, run)
     if job.last == AUTO:
         paths, state = best_average_on_valid(job, run)
     else:
@@ -42,6 +38,31 @@ def average(job: AverageJob) -> tuple[list[Path], Path]:
         state = average_checkpoints(paths)
     save_checkpoint(state, output)
     return paths, output
+
+
+def check_output(output: Path, name: str, run: RunDir) -> None:
+    """ConfigError naming 'output' unless `output` is a new path or an average that tmt-average
+    wrote before (a checkpoint of ours with AVERAGED_FROM), and no training checkpoint's name:
+    a command replaces only what it wrote, so config.yaml, a copy of a checkpoint or any other
+    file of the user's is left as it is."""
+    if output.parent.resolve() == run.checkpoints.path.resolve() and is_training_checkpoint(
+        output.name
+    ):
+        raise ConfigError(
+            f"config key 'output': {name} is the name of a training checkpoint, which an "
+            "average (no optimizer state) must not replace; name another file, e.g. averaged.pt"
+        )
+    if not (output.exists() or output.is_symlink()):
+        return
+    try:
+        ours = output.is_file() and AVERAGED_FROM in load_checkpoint(output)
+    except DamagedCheckpoint:
+        ours = False
+    if not ours:
+        raise ConfigError(
+            f"config key 'output': {output} exists and is not an average written by "
+            "tmt-average: it is left as it is; name a new file, or remove this one yourself"
+        )
 
 
 def check_last(last) -> None:

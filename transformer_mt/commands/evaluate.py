@@ -92,6 +92,12 @@ def evaluate(job: EvalJob) -> EvalReport:
             "config key 'decode.length_penalty': auto chooses beam search's alpha, which "
             f"decode.strategy={job.decode.strategy.value} does not use; give a number"
         )
+    if auto and job.split == "valid":
+        raise ConfigError(
+            "config key 'decode.length_penalty': auto chooses alpha on the valid split, which "
+            "split=valid would then score: a score tuned on its own sentences; give a number, "
+            "or score another split (split=test)"
+        )
     # auto: the translator's own alpha is never used; each call below names the one it tries.
     decode = dataclasses.replace(job.decode, length_penalty=0.0) if auto else job.decode
     validate_decode(decode)

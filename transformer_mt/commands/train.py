@@ -29,7 +29,7 @@ from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train.distributed import Ranks, start_ranks, stop_ranks
+from transformer_mt.train.distributed import Ranks, ending_together, start_ranks
 from transformer_mt.train.start import Start, StartKind, plan_start, use_parent_tokenizer
 from transformer_mt.train.trainer import Trainer
 
@@ -45,7 +45,7 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     if device.type == "cpu":
         keep_freed_host_memory()  # +16% target tokens/s on Multi30k with 2 cores
     run = RunDir(cfg.run_dir)
-    try:
+    with ending_together(ranks):  # a failing rank ends the others at once, its cause first
         policy = ExecutionPolicy.for_training(cfg.trainer, device)  # before any write
         with run.lock() if ranks.is_main else contextlib.nullcontext():
             last = train_ranks(cfg, run, ranks, policy, overrides or [])
@@ -53,8 +53,6 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
         # last collectives (rank 0 validates and saves last) can abort that rank at exit.
         ranks.barrier()
         return last
-    finally:
-        stop_ranks(ranks)
 
 
 def train_ranks(
@@ -123,6 +121,8 @@ def train_started(
     """Prepare (rank 0) or wait for the data, record the start, train, record the end."""
     device = policy.device
     if ranks.is_main:
+        if start.kind == StartKind.resume and cfg.trainer.resume_from is None:
+            run.checkpoints.keep_aside_newer_than(start.step)  # damaged files it passed over
         data = run.prepare(cfg.data)
         run.write_config(cfg)
         run.append_history(start_record(start, overrides, ranks, device))

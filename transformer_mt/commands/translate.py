@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import stat
 import sys
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -20,7 +21,7 @@ from typing import BinaryIO, TextIO
 from transformer_mt.config import TranslateJob, validate_decode
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
-from transformer_mt.errors import TransformerMTError
+from transformer_mt.errors import ConfigError, TransformerMTError
 
 CHUNK_LINES = 10_000
 ATTENTION_CHUNK_LINES = 100
@@ -94,23 +95,40 @@ def translate_stream(
 
 
 def check_distinct_files(job: TranslateJob) -> None:
-    """TransformerMTError when two of input, output and attention name one file (also through
-    links): opening an output truncates it, which would destroy the input before it is read."""
+    """ConfigError when two of input, output and attention name one file (also through links),
+    or when an output is the file standard input reads (`output=in.txt < in.txt`): opening an
+    output truncates it, which would destroy the input before it is read."""
     files = {"input": job.input, "output": job.output, "attention": job.attention}
     named = [(key, path) for key, path in files.items() if path is not None]
     for index, (key, path) in enumerate(named):
         for earlier_key, earlier in named[:index]:
             if same_file(Path(earlier), Path(path)):
-                raise TransformerMTError(
-                    f"{key}={path} is the same file as {earlier_key}={earlier}: writing it would "
-                    f"destroy {earlier_key} first; name another file"
+                raise ConfigError(
+                    f"config key '{key}': {key}={path} is the same file as {earlier_key}="
+                    f"{earlier}: writing it would destroy {earlier_key} first; name another file"
                 )
+        if job.input is None and is_standard_input(Path(path)):
+            raise ConfigError(
+                f"config key '{key}': {path} is the file standard input reads: writing it "
+                "would destroy the input first; name another file"
+            )
 
 
 def same_file(a: Path, b: Path) -> bool:
     if a.exists() and b.exists():
         return os.path.samefile(a, b)
     return a.resolve() == b.resolve()
+
+
+def is_standard_input(path: Path) -> bool:
+    """Whether `path` is the regular file standard input reads (the same device and inode; a
+    terminal or a pipe is never truncated by opening an output)."""
+    try:
+        source, target = os.fstat(sys.stdin.fileno()), os.stat(path)
+    except (OSError, ValueError):  # no standard input, or no file at `path` yet
+        return False
+    same = (source.st_dev, source.st_ino) == (target.st_dev, target.st_ino)
+    return same and stat.S_ISREG(source.st_mode)
 
 
 def open_input(path: str) -> BinaryIO:

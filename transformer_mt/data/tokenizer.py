@@ -3,6 +3,9 @@ train, load, encode, decode."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -52,6 +55,20 @@ class Tokenizer:
         """The pieces as SentencePiece spells them ('▁' starts a word; <0xNN>: a byte)."""
         return [self.processor.id_to_piece(int(i)) for i in ids]
 
+    @functools.cached_property
+    def sha256(self) -> str:
+        """The sha256 of what the ids mean: every piece with its score (BPE's merge order) and
+        kind, in id order. Not of the file's bytes: SentencePiece's file also records where and
+        with how many threads it was trained, so a prepared folder built again holds other bytes
+        for the same pieces."""
+        digest, processor = hashlib.sha256(), self.processor
+        for i in range(self.vocab_size):
+            kinds = (processor.is_control, processor.is_unknown, processor.is_byte)
+            kind = [is_kind(i) for is_kind in (*kinds, processor.is_unused)]
+            entry = [processor.id_to_piece(i), processor.get_score(i), kind]
+            digest.update(json.dumps(entry).encode() + b"\n")
+        return digest.hexdigest()
+
 
 @dataclass(frozen=True)
 class Tokenizers:
@@ -67,6 +84,11 @@ class Tokenizers:
     @property
     def files(self) -> list[Path]:
         return [self.src.path] if self.shared else [self.src.path, self.tgt.path]
+
+    @property
+    def sha256(self) -> tuple[str, ...]:
+        """Tokenizer.sha256 of each file, in the order of `files`."""
+        return (self.src.sha256,) if self.shared else (self.src.sha256, self.tgt.sha256)
 
 
 def vocabulary(tokenizer: Tokenizer) -> list[str]:

@@ -15,7 +15,8 @@ and output projection multiply with weights made ready for one kernel, once, whe
   (`torch.ao.quantization.quantize_dynamic`, qint8): int8 weights with one scale per output row;
   each call quantizes its input from the input's own range, multiplies in int8 and returns
   float32. PyTorch marks torch.ao.quantization deprecated (pytorch/pytorch#184982; torchao is to
-  replace it), but 2.13 still ships and runs it.
+  replace it), but 2.13 still ships and runs it; it is imported only where int8 is asked for,
+  and a torch without it refuses int8 in one line (`with_int8_linears`).
 
 The output projection is no nn.Linear in the model (`Transformer.decode` multiplies by the shared
 embedding matrix, V x D: the largest matmul of a decoding step), so the copy's
@@ -32,11 +33,12 @@ import itertools
 import warnings
 from enum import Enum
 
+import torch
 from torch import Tensor, nn
-from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 from torch.nn.utils import skip_init
 
 from transformer_mt import onednn
+from transformer_mt.errors import ConfigError
 from transformer_mt.model import Transformer
 
 
@@ -81,10 +83,25 @@ def cpu_linear_copy(model: Transformer, kernel: LinearKernel) -> Transformer:
     projection.weight = model.embed.weight  # (V, D), shared
     copied.output_projection = projection
     if kernel == LinearKernel.int8:
-        with warnings.catch_warnings():  # its deprecation notices (see above), once per call
-            warnings.simplefilter("ignore", DeprecationWarning)
-            warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
-            quantize_dynamic(copied, {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)
+        with_int8_linears(copied)
     else:
         with_onednn_linears(copied)
     return copied
+
+
+def with_int8_linears(module: nn.Module) -> None:
+    """Every nn.Linear inside `module` replaced by its dynamically quantized int8 twin, in place.
+    torch.ao.quantization is imported here, where int8 is asked for: it is deprecated, and a
+    torch without it must still decode in float32 (ConfigError naming decode.quantize)."""
+    try:
+        from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    except ImportError as error:
+        raise ConfigError(
+            f"config key 'decode.quantize': int8 needs torch.ao.quantization, which torch "
+            f"{torch.__version__} does not have ({error}); decode.quantize=none decodes in "
+            "float32 (on the CPU by oneDNN's prepacked product)"
+        ) from None
+    with warnings.catch_warnings():  # its deprecation notices (see above), once per call
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", "torch.quantize_per_tensor", UserWarning)
+        quantize_dynamic(module, {nn.Linear: per_channel_dynamic_qconfig}, inplace=True)

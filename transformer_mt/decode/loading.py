@@ -23,7 +23,6 @@ from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import keep_freed_host_memory, resolve_device, use_cuda_device
 from transformer_mt.errors import CheckpointError, ConfigError
-from transformer_mt.files import file_sha256
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 
@@ -128,14 +127,16 @@ def load_member(run: RunDir, name: str) -> LoadedCheckpoint:
         )
     home = RunDir(path.parent.parent)
     foreign = home.path.resolve() != run.path.resolve()
+    # A checkpoint that recorded its tokenizer's sha256 is compared with run's tokenizer in any
+    # case (model_from_checkpoint); this also covers older ones, which did not record it.
     if foreign and path.parent.name == "checkpoints" and home.has_tokenizer():
-        ours, theirs = run.tokenizers().files, home.tokenizers().files
-        for mine, other in zip(ours, theirs, strict=False):  # the first pair names the files
-            if len(ours) != len(theirs) or file_sha256(mine) != file_sha256(other):
-                raise ConfigError(
-                    f"config key 'checkpoint': {path} comes with the tokenizer {other}, which "
-                    f"differs from {mine}: an ensemble needs one vocabulary"
-                )
+        ours, theirs = run.tokenizers(), home.tokenizers()
+        if ours.sha256 != theirs.sha256:
+            raise ConfigError(
+                f"config key 'checkpoint': {path} comes with the tokenizer "
+                f"{' and '.join(map(str, theirs.files))}, which differs from "
+                f"{' and '.join(map(str, ours.files))}: an ensemble needs one vocabulary"
+            )
     return load_run_checkpoint(run, name)
 
 

@@ -35,7 +35,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from transformer_mt.config import DecodeConfig, ServeJob, Strategy, config_dict
+from transformer_mt.config import SEED_RANGE, DecodeConfig, ServeJob, Strategy, config_dict
 from transformer_mt.decode.translator import AttentionMap, Translator
 from transformer_mt.errors import ConfigError
 from transformer_mt.serve.batcher import Batcher, Busy, QueuedWork, Result
@@ -81,7 +81,7 @@ class TranslateRequest(BaseModel):
     temperature: float | None = Field(default=None, gt=0.0)
     top_k: int | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
     attention: bool = False
     attention_layer: int = -1
 

@@ -22,6 +22,7 @@ from transformer_mt.config import DecodeConfig, Strategy
 from transformer_mt.decode.translator import Translation, Translator
 
 Result = list[list[Translation]]  # an n-best list per line; the best carries its attention map
+BATCH_SIZES_KEPT = 1000  # Batcher.batch_sizes: how many recent batches it remembers
 
 
 class Busy(Exception):
@@ -53,7 +54,8 @@ class Batcher:
         self.pending_pieces = 0  # of the work admitted and neither answered nor cancelled
         self.ready = threading.Condition()
         self.stopped = False
-        self.batch_sizes: list[int] = []  # requests per Translator call, for tests and logs
+        # Requests per Translator call, the newest BATCH_SIZES_KEPT (a server runs for months).
+        self.batch_sizes: deque[int] = deque(maxlen=BATCH_SIZES_KEPT)
         self.worker = threading.Thread(target=self.run, name="translate", daemon=True)
         self.worker.start()
 
@@ -129,9 +131,9 @@ class Batcher:
         """Translate the group's lines in one Translator call and answer each request."""
         first = group[0]
         ids = [line for work in group for line in work.ids]
-        if first.decode.strategy is Strategy.sample:  # the request's seed decides its sample
-            self.translator.backend.reseed(first.decode.seed)
         try:
+            if first.decode.strategy is Strategy.sample:  # the request's seed decides its sample
+                self.translator.backend.reseed(first.decode.seed)
             results = self.translator.translate_encoded(
                 ids, decode=first.decode, attention=first.attention_layer
             )

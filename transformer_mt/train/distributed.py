@@ -26,14 +26,18 @@ agreement would be slower than one all-reduce.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
 import fcntl
 import ipaddress
+import json
 import logging
 import os
 import socket
 import struct
-from collections.abc import Mapping, MutableMapping
+import time
+from collections.abc import Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,7 +46,7 @@ import torch.distributed as dist
 
 from transformer_mt.data.batching import BatchPlan
 from transformer_mt.device import resolve_device, use_cuda_device
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, TransformerMTError
 
 log = logging.getLogger(__name__)
 
@@ -250,3 +254,107 @@ def small_micro_batch_warning(plan: BatchPlan, device: torch.device) -> str | No
 def stop_ranks(ranks: Ranks) -> None:
     if ranks.distributed and dist.is_initialized():
         dist.destroy_process_group()
+
+
+# ---- a rank that fails ---------------------------------------------------------------------
+FAILURE_KEY = "transformer_mt/failure"  # in the rendezvous store: the first failure, as JSON
+ERROR_FILE = "TORCHELASTIC_ERROR_FILE"  # where torchrun reads a worker's error, which it prints
+STORE_TIMEOUT = datetime.timedelta(seconds=10)  # a store that answers at all answers at once
+
+
+class RankFailed(TransformerMTError):
+    """This rank stopped because another rank failed first; the message is that rank's cause."""
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first failure of a job: which rank, its one-line cause, when (seconds since 1970)."""
+
+    rank: int
+    cause: str
+    time: int
+
+    def line(self) -> str:
+        return f"rank {self.rank} failed: {self.cause}"
+
+
+@contextlib.contextmanager
+def ending_together(ranks: Ranks) -> Iterator[None]:
+    """Around a command's work on every rank; the process group is ended however it ends.
+
+    On an exception in a rank of several, the rank aborts its process groups, so that it never
+    waits for the others, and the others' collectives fail within seconds (on gloo, once the
+    failing process's connections close) instead of after trainer.rank_timeout_minutes. The
+    first rank to fail records its one-line cause in the rendezvous store; a rank whose
+    collective broke after that raises RankFailed, whose message starts with that cause (a
+    rank's own TransformerMTError, a refusal every rank agreed on, stands). Under torchrun each
+    failing rank also writes the cause into its error file, which torchrun prints last, as the
+    job's "Root Cause"."""
+    try:
+        yield
+    except BaseException as error:
+        if not ranks.distributed or not dist.is_initialized():
+            raise
+        first = first_failure(ranks.rank, error)
+        abort_ranks()
+        if first is not None:
+            write_error_file(first)
+            if first.rank != ranks.rank and not isinstance(error, TransformerMTError):
+                raise RankFailed(first.line()) from error
+        raise
+    finally:
+        stop_ranks(ranks)
+
+
+def first_failure(rank: int, error: BaseException) -> Failure | None:
+    """The job's first failure as the rendezvous store holds it, else this rank's `error`
+    (recorded there for the others), unless `error` only says that another rank went away (a
+    rank killed without a word: no cause is known). Where the store cannot be reached (a job
+    launched without torchrun, whose rank 0 held it and has ended; under torchrun its agent
+    holds it) each rank says its own."""
+    mine = None if broken_collective(error) else Failure(rank, one_line(error), int(time.time()))
+    try:
+        store = dist.distributed_c10d._get_default_store()  # the rendezvous's (no public API)
+        store.set_timeout(STORE_TIMEOUT)
+        if store.check([FAILURE_KEY]):
+            return Failure(**json.loads(store.get(FAILURE_KEY)))
+        if mine is not None:
+            store.set(FAILURE_KEY, json.dumps(dataclasses.asdict(mine)))
+    except (RuntimeError, ValueError) as unreachable:  # DistNetworkError, DistStoreError
+        log.warning("the ranks' store cannot be read (%s): each rank says its own", unreachable)
+    return mine
+
+
+BROKEN = ("Connection closed by peer", "Connection reset by peer")
+"""What gloo says when another rank's process has gone (as a RuntimeError through autograd)."""
+
+
+def broken_collective(error: BaseException) -> bool:
+    """Whether `error` only says that a collective broke because another rank went away."""
+    return isinstance(error, dist.DistError) or any(text in str(error) for text in BROKEN)
+
+
+def one_line(error: BaseException) -> str:
+    """The error's first line: its message for our errors, else 'Type: message'."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    if isinstance(error, TransformerMTError):
+        return text or type(error).__name__
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def abort_ranks() -> None:
+    """End this rank's process groups without waiting for the others (NCCL's communicators are
+    aborted; gloo's connections close when the process ends)."""
+    dist.distributed_c10d._abort_process_group()
+
+
+def write_error_file(failure: Failure) -> None:
+    """The failure in torchrun's error file of this worker (where it is set), in the format that
+    torchrun prints as the worker's error: its summary, the job's last lines, names it."""
+    path = os.environ.get(ERROR_FILE)
+    if not path:
+        return
+    line = failure.line()
+    record = {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(failure.time)}}
+    with contextlib.suppress(OSError):  # the job's own error matters more than this file
+        Path(path).write_text(json.dumps({"message": record}), encoding="utf-8")

@@ -11,6 +11,9 @@ process group leaves them to the trainer, which finishes its update and saves.
 A worker forked from the server is not the trainer's child, so torch's own check (is my parent
 alive?) watches the server instead, and the server lives as long as any worker holds its pipe.
 `start_worker` therefore watches the trainer itself: a worker ends when the trainer is killed.
+The other way round, a worker that is killed (most often by the kernel's out-of-memory killer)
+is noticed by torch's poll of its workers, every 5 s, and `worker_batches` turns torch's bare
+RuntimeError into a TransformerMTError that says what probably killed it and what to do.
 """
 
 from __future__ import annotations
@@ -20,10 +23,17 @@ import multiprocessing
 import multiprocessing.connection
 import multiprocessing.context
 import os
+import signal
 import sys
 import threading
+from collections.abc import Iterable, Iterator
+from typing import TypeVar
 
+from transformer_mt.errors import TransformerMTError
 from transformer_mt.train.signals import ignore_stop_signals
+
+Item = TypeVar("Item")
+WORKER_DIED = "DataLoader worker"  # how torch's errors for a worker that ended begin
 
 
 @functools.cache
@@ -50,3 +60,30 @@ def end_with(sentinel: int) -> None:
     at once: nothing it holds needs saving."""
     multiprocessing.connection.wait([sentinel])
     os._exit(0)
+
+
+def worker_batches(loader: Iterable[Item]) -> Iterator[Item]:
+    """The loader's batches; TransformerMTError, saying what probably happened and what to do,
+    where a worker ended unexpectedly (torch: "DataLoader worker (pid(s) N) exited
+    unexpectedly", or "... is killed by signal: Killed." for a worker that is its child)."""
+    batches = iter(loader)
+    try:
+        yield from batches
+    except RuntimeError as error:
+        if not str(error).startswith(WORKER_DIED):
+            raise
+        raise TransformerMTError(worker_death(batches, error)) from error
+
+
+def worker_death(batches: Iterator, error: RuntimeError) -> str:
+    """The one-line message for a loader worker that ended: how (a signal's name, where torch's
+    iterator knows the worker's exit status) and the likely cause and fix."""
+    codes = [worker.exitcode for worker in getattr(batches, "_workers", [])]  # torch's own
+    signals = sorted({signal.Signals(-code).name for code in codes if code and code < 0})
+    how = f"killed by {', '.join(signals)}" if signals else str(error).strip().splitlines()[0]
+    return (
+        f"a data loader worker ended ({how}): most often the kernel's out-of-memory killer "
+        "(dmesg says 'Out of memory: Killed process'); free memory, or lower "
+        "trainer.loader_workers or trainer.batch_tokens, then run the same command again: it "
+        "resumes from the last checkpoint"
+    )

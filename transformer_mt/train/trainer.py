@@ -38,7 +38,7 @@ from transformer_mt.train.checkpointer import Checkpointer, TrainingParts
 from transformer_mt.train.compiling import use_compile_cache
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
 from transformer_mt.train.flops import update_flops
-from transformer_mt.train.loader_workers import start_worker, worker_context
+from transformer_mt.train.loader_workers import start_worker, worker_batches, worker_context
 from transformer_mt.train.loss import LossSums, TrainingLoss
 from transformer_mt.train.metrics import TrainingMetrics
 from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, ThroughputWindow
@@ -232,7 +232,7 @@ class Trainer:
         """Endless (epoch-advancing) stream of collated batches, starting at the saved position,
         each with the target tokens of all ranks' batches at its place in the epoch."""
         while True:
-            for batch in self.epoch_loader():
+            for batch in worker_batches(self.epoch_loader()):
                 place = self.progress.batch_in_epoch
                 self.progress.batch_in_epoch += 1  # counted before the update uses it
                 yield batch, int(self.tokens_by_turn[place])
