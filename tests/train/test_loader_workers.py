@@ -21,9 +21,7 @@ import torch
 from toy_runs import trainer_for
 
 from transformer_mt.data.batching import BatchDataset
-from transformer_mt.data.prepare import prepare
 from transformer_mt.errors import TransformerMTError
-from transformer_mt.run_dir import RunDir
 from transformer_mt.train import trainer as trainer_module
 from transformer_mt.train.signals import STOP_SIGNALS
 
@@ -111,8 +109,8 @@ def test_a_worker_killed_by_the_oom_killer_stops_training_with_what_to_do(
 ):
     job = tiny_train_job("trainer.loader_workers=1")
     monkeypatch.setattr(trainer_module, "BatchDataset", KilledOnThirdBatch)
-    trainer = Trainer(job, RunDir(job.run_dir), prepare(job.data), torch.device("cpu"))
-    trainer.writer.close()
+    trainer = trainer_for(job)
+    trainer.metrics.close()
     stream = trainer.micro_batches()
     with pytest.raises(TransformerMTError) as stopped:
         for _ in itertools.islice(stream, 1000):  # a bound, should the worker never die
