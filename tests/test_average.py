@@ -67,7 +67,9 @@ def test_average_of_two_is_the_mean_and_loads_for_decoding(tmp_path):
         torch.testing.assert_close(mean, (first[name] + second[name]) / 2, rtol=1e-7, atol=1e-8)
     assert loaded["step"] == 20 and loaded["data_folder"] == "toy-0123"
     assert loaded["averaged_from"] == ["step_10.pt", "step_20.pt"]
-    tokenizers = SimpleNamespace(shared=True, tgt=SimpleNamespace(vocab_size=VOCAB), sha256=None)
+    tokenizers = SimpleNamespace(
+        shared=True, tgt=SimpleNamespace(vocab_size=VOCAB), sha256=None, files=[tmp_path / "spm.model"]
+    )
     model = model_from_checkpoint(loaded, tmp_path / "averaged.pt", tokenizers)
     assert torch.equal(model.embed.weight, loaded["model"]["embed.weight"])
 
