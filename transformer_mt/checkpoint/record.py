@@ -219,13 +219,17 @@ def check_fits(
     path: Path,
     *,
     ours_from: str = "this configuration",
+    theirs_from: str | None = None,
 ) -> None:
     """CheckpointError unless the checkpoint at `path`, whose record is `theirs`, fits `ours`
     for `purpose` (ASPECTS says what must agree). ours_from: where our record comes from, as the
-    refusal names it (the configuration, the run's tokenizer files, the first checkpoint)."""
+    refusal names it (the configuration, the run's tokenizer files, the first checkpoint);
+    theirs_from: the tokenizer files the checkpoint came with, where known (its run folder's)."""
     mismatch = ours.first_mismatch(theirs, ASPECTS[purpose])
     if mismatch is not None:
-        raise CheckpointError(refusal(purpose, mismatch, ours, theirs, path, ours_from))
+        raise CheckpointError(
+            refusal(purpose, mismatch, ours, theirs, path, ours_from, theirs_from)
+        )
 
 
 def refusal(
@@ -235,6 +239,7 @@ def refusal(
     theirs: CheckpointRecord,
     path: Path,
     ours_from: str,
+    theirs_from: str | None = None,
 ) -> str:
     """The one message of a checkpoint that does not fit: what differs, and what to do."""
     if purpose == Purpose.average:
@@ -255,10 +260,12 @@ def refusal(
             f"checkpoint; use a new run_dir, or restore {name}={mismatch.theirs}"
         )
     if mismatch.setting == "tokenizer_sha256":
+        its_own = "" if theirs_from is None else f"{theirs_from}, "
         return (
-            f"{path} was trained with another SentencePiece model than {ours_from} (its pieces' "
-            f"sha256 {', '.join(h[:12] for h in mismatch.theirs)}, not those of that model): its "
-            "ids would mean other pieces; use it with its own run folder's tokenizer"
+            f"{path} was trained with {its_own}another SentencePiece model than {ours_from} "
+            f"(its pieces' sha256 {', '.join(h[:12] for h in mismatch.theirs)}, not those of "
+            "that model): its ids would mean other pieces; use it with its own run folder's "
+            "tokenizer"
         )
     if purpose == Purpose.fine_tune:
         return (
@@ -284,12 +291,25 @@ def pieces(record: CheckpointRecord) -> str:
     return f"{record.vocab_size} target pieces{source}"
 
 
-def model_from_checkpoint(state: dict, path: Path, tokenizers: Tokenizers) -> Transformer:
-    """The checkpoint's model, checked against the run folder's tokenizers."""
+def model_from_checkpoint(
+    state: dict, path: Path, tokenizers: Tokenizers, home: Tokenizers | None = None
+) -> Transformer:
+    """The checkpoint's model, checked against the run folder's tokenizers. home: the tokenizers
+    of the other run folder the checkpoint lies in (an ensemble's member from another run): a
+    refusal names their files, and their hash stands in for the one a checkpoint written before
+    it was recorded lacks."""
     record = CheckpointRecord.read(state, path)
+    if home is not None and record.tokenizer_sha256 is None:
+        record = dataclasses.replace(record, tokenizer_sha256=home.sha256)
     beside = CheckpointRecord.of_run(record.model, tokenizers)
-    files = " and ".join(str(file) for file in tokenizers.files)
-    check_fits(Purpose.decode, beside, record, path, ours_from=files)
+    check_fits(
+        Purpose.decode,
+        beside,
+        record,
+        path,
+        ours_from=file_names(tokenizers),
+        theirs_from=None if home is None else file_names(home),
+    )
     model = record.build_model()
     try:
         model.load_state_dict(model_weights(state))
@@ -298,3 +318,8 @@ def model_from_checkpoint(state: dict, path: Path, tokenizers: Tokenizers) -> Tr
             f"{path}: weights do not fit the recorded model configuration ({error})"
         ) from error
     return model
+
+
+def file_names(tokenizers: Tokenizers) -> str:
+    """'run/spm.model' (or 'run/spm.src.model and run/spm.tgt.model')."""
+    return " and ".join(str(file) for file in tokenizers.files)

@@ -49,12 +49,16 @@ class LoadedCheckpoint:
         return self.record.step
 
 
-def load_run_checkpoint(run: RunDir, checkpoint: str) -> LoadedCheckpoint:
-    """The checkpoint `checkpoint` of the run (a name in checkpoints/, or a path), loaded."""
+def load_run_checkpoint(
+    run: RunDir, checkpoint: str, home: Tokenizers | None = None
+) -> LoadedCheckpoint:
+    """The checkpoint `checkpoint` of the run (a name in checkpoints/, or a path), loaded and
+    checked against the run's tokenizers (home: those of another run folder it lies in,
+    model_from_checkpoint says why)."""
     path = run.checkpoint(checkpoint)
     state = load_checkpoint(path)
     tokenizers = run.tokenizers()
-    model = model_from_checkpoint(state, path, tokenizers)
+    model = model_from_checkpoint(state, path, tokenizers, home)
     record = CheckpointRecord.read(state, path)
     return LoadedCheckpoint(path, record, model, tokenizers, run.data_config())
 
@@ -127,16 +131,8 @@ def load_member(run: RunDir, name: str) -> LoadedCheckpoint:
         )
     home = RunDir(path.parent.parent)
     foreign = home.path.resolve() != run.path.resolve()
-    # A checkpoint that recorded its tokenizer's sha256 is compared with run's tokenizer in any
-    # case (model_from_checkpoint); this also covers older ones, which did not record it.
     if foreign and path.parent.name == "checkpoints" and home.has_tokenizer():
-        ours, theirs = run.tokenizers(), home.tokenizers()
-        if ours.sha256 != theirs.sha256:
-            raise ConfigError(
-                f"config key 'checkpoint': {path} comes with the tokenizer "
-                f"{' and '.join(map(str, theirs.files))}, which differs from "
-                f"{' and '.join(map(str, ours.files))}: an ensemble needs one vocabulary"
-            )
+        return load_run_checkpoint(run, name, home=home.tokenizers())
     return load_run_checkpoint(run, name)
 
 
