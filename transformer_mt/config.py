@@ -244,8 +244,9 @@ class TrainerConfig:
     precision: Precision = Precision.auto
     """auto (bf16 autocast on GPU, fp32 on CPU), fp32, bf16, or fp16 (with a gradient scaler)."""
     compile: str = "auto"
-    """true: the model and its loss through torch.compile (padded lengths rounded up to a
-    multiple of 8); false: eager; auto: on CUDA, off on the CPU (train/compiling.py says why).
+    """true: the model's repeated layers through torch.compile (regional compilation; padded
+    lengths rounded up to a multiple of 8); false: eager; auto: off on every device until a
+    measurement shows the compiled step faster there (execution.AUTO_COMPILE_OFF says why).
     A string, not an enum: Hydra hands `trainer.compile=false` over as a bool."""
     num_threads: int = 0
     """CPU threads for torch (0: torch's default)."""
