@@ -113,7 +113,7 @@ from transformer_mt.model import Dropout, count_parameters
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, Flops, peak_flops, update_flops
 from transformer_mt.train.loss import label_smoothed_loss
-from transformer_mt.train.schedule import paper_schedule
+from transformer_mt.train.optimizer import finish_update, optimizer_and_schedule
 from transformer_mt.train.trainer import Trainer
 
 OURS, MARIAN, MARIAN_EAGER = "ours", "marian", "marian eager-attn"
@@ -265,9 +265,8 @@ class MarianRunner:
     (its lm_head and final_logits_bias). So the update is Trainer.train_step's, step for step, on
     one rank without a loss scaler (no fp16 here): the forward in the trainer's execution policy
     (its forward()), label_smoothed_loss summed and divided once by the update's target
-    tokens, then `update`. Shared with the trainer: those contexts, label_smoothed_loss,
-    paper_schedule and compile_setting. Copied from it (trainer.py): the optimizer's settings and
-    the update after the backward passes, until the trainer's update is a function of its own."""
+    tokens, then `update`. Shared with the trainer: those contexts, label_smoothed_loss, and
+    train/optimizer.py's optimizer, schedule and update after the backward passes."""
 
     def __init__(
         self, job: TrainJob, vocab_size: int, device: torch.device, attention: str = "sdpa"
@@ -281,25 +280,12 @@ class MarianRunner:
         self.model = transformers.MarianMTModel(shape)
         drop_attention_biases(self.model)
         self.model.to(device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.forward = self.model
         self.policy = ExecutionPolicy.for_training(job.trainer, device)  # as Trainer runs
         if self.policy.compile:
             self.forward = torch.compile(self.model, dynamic=True)
-        self.optimizer = torch.optim.AdamW(
-            self.params,
-            lr=1.0,
-            betas=tuple(job.optim.betas),
-            eps=job.optim.eps,
-            weight_decay=job.optim.weight_decay,
-            fused=True,  # as Trainer's
-        )
-        self.scheduler = paper_schedule(
-            self.optimizer,
-            d_model=job.model.d_model,
-            warmup_steps=job.optim.warmup_steps,
-            scale=job.optim.lr_scale,
-        )
+        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, job)  # as Trainer's
+        self.scaler = torch.amp.GradScaler(device.type, enabled=False)  # no fp16 here
         self.label = f"transformers {transformers.__version__}"
 
     def step(self, batches: list[Batch]) -> torch.Tensor:
@@ -326,22 +312,10 @@ class MarianRunner:
         return loss_sum / total_tokens
 
     def update(self) -> None:
-        """Trainer.train_step's update after the backward passes: the gradients' norm, clipped to
-        optim.clip_norm where it is set (else only measured: clipping to an infinite norm would
-        still multiply every gradient by 1), fused AdamW told on the device to skip a non-finite
-        update (no host sync), the schedule's step, the gradients dropped."""
-        clip = self.cfg.optim.clip_norm
-        if clip > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.params, clip)
-        else:
-            norm = torch.nn.utils.get_total_norm(
-                [p.grad for p in self.params if p.grad is not None]
-            )
-        self.optimizer.found_inf = (~torch.isfinite(norm)).to(torch.float32)
-        self.optimizer.step()
-        del self.optimizer.found_inf
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        """Trainer.train_step's update after the backward passes (train/optimizer.py)."""
+        finish_update(
+            self.model, self.optimizer, self.scheduler, self.scaler, self.cfg.optim.clip_norm
+        )
 
 
 # ---- one process per model -----------------------------------------------------------------------

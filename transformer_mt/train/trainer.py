@@ -42,7 +42,7 @@ from transformer_mt.train.loader_workers import start_worker, worker_batches, wo
 from transformer_mt.train.loss import LossSums, TrainingLoss
 from transformer_mt.train.metrics import TrainingMetrics
 from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, ThroughputWindow
-from transformer_mt.train.schedule import paper_schedule
+from transformer_mt.train.optimizer import finish_update, optimizer_and_schedule
 from transformer_mt.train.signals import StopSignals
 from transformer_mt.train.start import Start, StartKind, describe
 from transformer_mt.train.validation import ValidationScores, validation_loss
@@ -272,24 +272,16 @@ class Trainer:
             sums = self.forward_backward(batch, scale, sync=index == len(batches) - 1)
             loss_sum += sums.loss
             nll_sum += sums.nll
-        self.scaler.unscale_(self.optimizer)
-        grad_norm = self.clipped_gradient_norm()
-        nonfinite = (~torch.isfinite(grad_norm)).to(torch.int64)
         lr = self.optimizer.param_groups[0]["lr"]
-        if self.scaler.is_enabled():
-            self.scaler.step(self.optimizer)  # skips non-finite updates itself
-            self.scaler.update()
-        else:
-            # The protocol GradScaler uses with fused optimizers: where found_inf is 1 the step
-            # changes neither parameters nor moments nor Adam's step count.
-            self.optimizer.found_inf = nonfinite.to(torch.float32)
-            self.optimizer.step()
-            del self.optimizer.found_inf
-        self.scheduler.step()
-        # Under DDP the gradients are views of its buckets: set to None, they would be made
-        # afresh by the next backward and copied into the buckets again.
-        self.optimizer.zero_grad(set_to_none=not self.ranks.distributed)
-        self.nonfinite.add(nonfinite)
+        grad_norm = finish_update(
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            self.cfg.optim.clip_norm,
+            keep_gradients=self.ranks.distributed,
+        )
+        self.nonfinite.add((~torch.isfinite(grad_norm)).to(torch.int64))
         self.progress.step += 1
         return StepStats(
             loss=loss_sum * self.ranks.world_size / total_tokens,  # this rank's share
@@ -300,16 +292,6 @@ class Trainer:
             padding=sum(b.padding_ratio for b in batches) / len(batches),
             flops=update_flops(self.cfg.model, self.model.embed.num_embeddings, batches, PAD_ID),
         )
-
-    def clipped_gradient_norm(self) -> torch.Tensor:
-        """The gradients' norm before clipping, clipped to optim.clip_norm where it is set; with
-        clipping off, only measured (clip_grad_norm_ with an infinite bound would still multiply
-        every gradient by 1)."""
-        clip = self.cfg.optim.clip_norm
-        if clip > 0:
-            return torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads)
 
     # ---- validation, logging, stopping -------------------------------------------------------
     def validate(self) -> ValidationScores:
@@ -507,25 +489,3 @@ class Trainer:
         if window.updates:  # the last, partial logging window
             reason = self.log_train(window.updates, window.seconds(), bar) or reason
         return reason
-
-
-def optimizer_and_schedule(
-    model: torch.nn.Module, cfg: TrainJob
-) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
-    """The paper's Adam and learning-rate schedule. Fused Adam (CPU and GPU) can skip an update
-    on a device-side flag, without a host sync (train_step)."""
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=1.0,
-        betas=tuple(cfg.optim.betas),
-        eps=cfg.optim.eps,
-        weight_decay=cfg.optim.weight_decay,
-        fused=True,
-    )
-    schedule = paper_schedule(
-        optimizer,
-        d_model=cfg.model.d_model,
-        warmup_steps=cfg.optim.warmup_steps,
-        scale=cfg.optim.lr_scale,
-    )
-    return optimizer, schedule
