@@ -1,16 +1,20 @@
 """How often checkpoints are written, on the device a run lands on: a cadence in updates tuned on
 the CPU (the Multi30k recipe's 50 updates, about a minute on 2 cores) is a second on a GPU, so
-periodic checkpoints keep trainer.checkpoint_min_seconds apart on any device. Clocks here are
-fakes: no assertion depends on how fast this machine runs."""
+periodic checkpoints keep trainer.checkpoint_min_seconds apart on any device; the GPU recipe
+(multi30k_gpu) checkpoints by time alone. Clocks here are fakes: no assertion depends on how
+fast this machine runs."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from transformer_mt.commands.train import train
 from transformer_mt.config import compose_job, validate_train
+from transformer_mt.data.batching import plan_batches
 from transformer_mt.errors import ConfigError
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train import checkpointer as checkpointer_module
 from transformer_mt.train.checkpointer import Checkpointer
@@ -78,6 +82,43 @@ def test_the_minimum_interval_cannot_be_negative(tmp_path):
     job = compose_job("multi30k", [f"run_dir={tmp_path}", "trainer.checkpoint_min_seconds=-1"])
     with pytest.raises(ConfigError, match="trainer.checkpoint_min_seconds"):
         validate_train(job)
+
+
+def test_the_gpu_recipe_plans_for_cuda_and_checkpoints_by_time(tmp_path, clock):
+    """multi30k_gpu on a CUDA device (the policy object: torch.device('cuda') needs no GPU):
+    bf16, our attention order, lengths rounded to few shapes, one micro-batch of the recipe's
+    padded tokens per update; checkpoints by time alone, enough of them kept for make average
+    N=auto, and none for an update count however fast the updates come."""
+    job = compose_job("multi30k_gpu", [f"run_dir={tmp_path / 'run'}"])
+    validate_train(job)
+    trainer = job.trainer
+    policy = ExecutionPolicy.for_training(trainer, torch.device("cuda"))
+    assert policy.dtype == torch.bfloat16 and policy.round_lengths
+    assert policy.attention is not None and policy.attention[0].value == "flash"
+    lengths = np.random.default_rng(1).integers(8, 30, 29_000)  # Multi30k-like sentence lengths
+    plan = plan_batches(
+        lengths,
+        lengths,
+        global_target_tokens=trainer.global_batch_tokens,
+        max_batch_tokens=trainer.batch_tokens,
+        world_size=1,
+        padded=trainer.global_batch_padded,
+    )
+    assert (plan.accumulation, plan.micro_batch_tokens) == (1, trainer.batch_tokens)
+    cpu_recipe = compose_job("multi30k", [f"run_dir={tmp_path}"]).trainer
+    assert trainer.batch_tokens > cpu_recipe.batch_tokens
+    assert trainer.checkpoint_every == 0 and 0 < trainer.checkpoint_every_minutes <= 0.5
+    assert trainer.keep_checkpoints >= 5 and trainer.max_time_minutes <= 5
+
+    checkpointer = checkpointer_of("multi30k_gpu", tmp_path)
+    saved = []
+    for step in range(1, 60 * 64 + 1):  # a minute at 64 updates/s
+        clock.now += 1 / 64
+        if checkpointer.periodic_due(step) or checkpointer.time_due():
+            saved.append(step)
+            checkpointer.last_save_time = clock.now
+    interval = 60 * trainer.checkpoint_every_minutes
+    assert len(saved) == int(60 / interval)
 
 
 def test_a_run_writes_no_periodic_checkpoint_within_the_minimum_interval(tiny_train_job):
