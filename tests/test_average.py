@@ -68,7 +68,10 @@ def test_average_of_two_is_the_mean_and_loads_for_decoding(tmp_path):
     assert loaded["step"] == 20 and loaded["data_folder"] == "toy-0123"
     assert loaded["averaged_from"] == ["step_10.pt", "step_20.pt"]
     tokenizers = SimpleNamespace(
-        shared=True, tgt=SimpleNamespace(vocab_size=VOCAB), sha256=None, files=[tmp_path / "spm.model"]
+        shared=True,
+        tgt=SimpleNamespace(vocab_size=VOCAB),
+        sha256=None,
+        files=[tmp_path / "spm.model"],
     )
     model = model_from_checkpoint(loaded, tmp_path / "averaged.pt", tokenizers)
     assert torch.equal(model.embed.weight, loaded["model"]["embed.weight"])
