@@ -29,6 +29,10 @@ first, and how long the paper's 100k updates would take.
    parameters at --allreduce-gbps of bus bandwidth (NVLink within one machine; nccl-tests'
    busbw is the figure to put here), shown not overlapped with the backward (an upper bound) and
    fully overlapped (a lower bound).
+6. Compiled (on a GPU, after the rest, unless --compile true): the first 300 updates again with
+   trainer.compile=true: the compile warm-up (the first update), graphs and recompiles over the
+   epoch's shapes, the speed beside step 2's. Not in the CPU rehearsal (compiling takes minutes
+   on 2 cores): step 2 runs the same code with another setting.
 
 --rehearse-on-cpu: every step on the CPU at toy scale (a tiny model, 20,000 pairs, a few
 updates): the code path, checked before a GPU runs it.
@@ -68,12 +72,13 @@ class Settings:
     log_every: int
     valid_sentences: int
     rank_share_steps: int
+    compiled_steps: int = 0  # step 6 (0: not run)
     extra: tuple[str, ...] = ()  # tmt-train's overrides beyond these
 
 
 GPU = Settings(
     device="cuda", pairs=1_000_000, vocab=37_000, model="base", update_tokens=25_000,
-    steps=1000, log_every=50, valid_sentences=3000, rank_share_steps=300,
+    steps=1000, log_every=50, valid_sentences=3000, rank_share_steps=300, compiled_steps=300,
 )  # fmt: skip
 REHEARSAL = Settings(
     device="cpu", pairs=20_000, vocab=1000, model="tiny", update_tokens=2000, steps=12,
@@ -177,10 +182,7 @@ def first_updates(settings: Settings, corpus: Path, work: Path, clock: Clock, co
         settings, corpus, work, "run", clock, f"trainer.compile={compiling}",
         f"trainer.valid_bleu_sentences={settings.valid_sentences}",
     )  # fmt: skip
-    keys = ("model:", "trainer.compile", "epoch 0:", "the first update", "compile", "stopped:")
-    for line in ran.stderr:
-        if any(key in line for key in keys) or WINDOW.search(line):
-            print(f"   {strip_prefix(line)}", flush=True)
+    show_training(ran)
     wrote = first(WROTE, ran.stderr)
     if wrote:
         print(f"   one checkpoint: {wrote.group(1)}, {wrote.group(2)} MB, written in "
@@ -193,6 +195,31 @@ def first_updates(settings: Settings, corpus: Path, work: Path, clock: Clock, co
             f"{settings.valid_sentences:,} sentences ({strip_prefix(result).split(' ', 1)[1]})",
             flush=True,
         )
+    return ran
+
+
+SHOWN = ("model:", "epoch 0:", "the first update", "trainer.compile", "torch.compile", "stopped:")
+
+
+def show_training(ran: Ran) -> None:
+    """The log lines of a training run that say what it met: the model and plan, the epoch's
+    distinct shapes, the first update, the compiler's decision and counts, every window's
+    speed."""
+    for line in ran.stderr:
+        if any(key in line for key in SHOWN) or WINDOW.search(line):
+            print(f"   {strip_prefix(line)}", flush=True)
+
+
+def compiled(settings: Settings, corpus: Path, work: Path, clock: Clock) -> Ran:
+    """Step 6: the first updates again with trainer.compile=true (the layers compiled one by
+    one): the compile warm-up, graphs and recompiles over the epoch's shapes, the speed."""
+    steps = settings.compiled_steps
+    print(f"6. compiled: the first {steps:,} updates with trainer.compile=true", flush=True)
+    ran = train(
+        settings, corpus, work, "compiled", clock, "trainer.compile=true",
+        f"trainer.max_steps={steps}", "trainer.valid_bleu_sentences=0",
+    )  # fmt: skip
+    show_training(ran)
     return ran
 
 
@@ -282,6 +309,8 @@ def main() -> int:
     trained = first_updates(settings, corpus, work, clock, args.compile)
     share = rank_share(settings, corpus, work, clock) if trained.ok else None
     projection(settings, trained, share, args.allreduce_gbps)
+    if settings.compiled_steps and args.compile != "true":
+        compiled(settings, corpus, work, clock)
     return 0 if trained.ok and share is not None else 1
 
 
