@@ -37,15 +37,15 @@ def synthetic_words(rng: np.random.Generator, n: int) -> np.ndarray:
     return np.array(["".join(rng.choice(letters, k)) for k in lengths])
 
 
-def write_corpus(folder: Path, pairs: int, seed: int = 1) -> None:
-    """train/valid .en/.de files; the target maps each source word through a dictionary and
-    reverses the order."""
+def write_corpus(folder: Path, pairs: int, seed: int = 1, valid: int = 3000) -> None:
+    """train/valid .en/.de files (`pairs` and `valid` lines); the target maps each source word
+    through a dictionary and reverses the order."""
     folder.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     src_words, tgt_words = synthetic_words(rng, WORDS), synthetic_words(rng, WORDS)
     zipf = 1.0 / np.arange(1, WORDS + 1)
     zipf /= zipf.sum()
-    for split, count in (("train", pairs), ("valid", 3000)):
+    for split, count in (("train", pairs), ("valid", valid)):
         with open(folder / f"{split}.en", "w") as en, open(folder / f"{split}.de", "w") as de:
             for start in range(0, count, 50_000):
                 n = min(50_000, count - start)

@@ -98,6 +98,7 @@ def train_overrides(args: argparse.Namespace, run_dir: Path, prepared_dir: Path)
         "max_steps": args.steps,
         "checkpoint_every": args.checkpoint_every,
         "checkpoint_every_minutes": 0,
+        "checkpoint_min_seconds": 0,  # toy updates are fast: every checkpoint_every is written
         "valid_every": args.valid_every,
         "batch_tokens": 1500,
         "global_batch_tokens": 1500,

@@ -32,7 +32,13 @@ The optional run (`--parts extra`, 480 s, a second call; its results added to th
 
 The recipes run (`--parts recipes`): 13. learning, 200 s: the demo config for 2 minutes on the
 GPU, then beam-search BLEU on its test split (tmt-eval); its log lines without their throughput
-fields. `--parts all`: every part in one run.
+fields. What a GPU user runs, a run of its own each: `--parts multi30k`, 14. 360 s: the Multi30k
+recipe for one GPU end to end from a fresh run folder, test BLEU and wall time
+(benchmarks/gpu_recipe.py), on the raw text of --multi30k-dir (.data/multi30k: carried with the
+tree, benchmarks/README.md says how); `--parts multi30k-sweep`, 15. 540 s: its settings one change
+at a time, by valid BLEU; `--parts wmt-hour`, 16. 540 s: WMT's first hour on generated data and
+the paper run's 100k updates projected on 1 and 8 GPUs (benchmarks/wmt_first_hour.py).
+`--parts all`: every part in one run.
 
 The throughput parts are benchmarks/bench_train.py on generated WMT-like updates of 25,000 target
 tokens in bf16 (batches cut from 2,000,000 pairs' lengths: WMT's padding), 3 warm-up updates
@@ -451,6 +457,48 @@ def recipe_parts(settings: Settings, report: Report, folder: Path) -> list[Part]
     return [Part("learning", 200, functools.partial(learning, settings, folder, report))]
 
 
+def module_part(
+    settings: Settings, report: Report, title: str, arguments: list[str], limit: float
+) -> Outcome:
+    """A benchmark module of its own (`python -m benchmarks.NAME`), given the part's limit less a
+    margin for its own clock (so that it prints what it measured before the part is stopped);
+    --rehearse-on-cpu in the rehearsal."""
+    section(report, f"{title}, limit {limit:.0f} s")
+    rehearsal = ["--rehearse-on-cpu"] if settings.device == "cpu" else []
+    own_limit = f"{max(limit - 15, 1.0):.0f}"
+    command = python_command("-m", *arguments, "--limit", own_limit, *rehearsal)
+    outcome = run(command, limit, report, echo=True)
+    report.line(f"-- {title.partition('. ')[2]}: {outcome.describe()}")
+    if not outcome.ok:
+        report.line(tail(outcome.stderr))
+    return outcome
+
+
+def user_run_parts(settings: Settings, report: Report, data: str, group: str) -> list[Part]:
+    """Runs of their own (benchmarks/gpu_recipe.py, benchmarks/wmt_first_hour.py): `multi30k`,
+    the Multi30k recipe for one GPU end to end from a fresh run folder on the raw text in `data`
+    (the rehearsal: a generated corpus); `multi30k-sweep`, its settings one change at a time by
+    valid BLEU; `wmt-hour`, WMT's first hour on generated data and the paper run's projection."""
+    given = ["--data", data] if settings.device == "cuda" else []
+    parts = {
+        "multi30k": (
+            "multi30k gpu recipe", 360, ["benchmarks.gpu_recipe", *given],
+            "14. the Multi30k GPU recipe (multi30k_gpu): train, average, alpha, test BLEU",
+        ),
+        "multi30k-sweep": (
+            "multi30k sweep", 540, ["benchmarks.gpu_recipe", *given, "--sweep-only"],
+            "15. the Multi30k GPU recipe's sweep: one change at a time, valid BLEU",
+        ),
+        "wmt-hour": (
+            "wmt first hour", 540, ["benchmarks.wmt_first_hour"],
+            "16. WMT's first hour on generated data, and 100k updates projected on 1 and 8 GPUs",
+        ),
+    }  # fmt: skip
+    name, limit, arguments, title = parts[group]
+    run_it = functools.partial(module_part, settings, report, title, arguments)
+    return [Part(name, limit, run_it)]
+
+
 def cublas12_folders() -> list[str]:
     """Folders with libcublas.so.12: the nvidia-cublas-cu12 wheel's, or a CUDA 12 toolkit's."""
     candidates = [Path(entry) / "nvidia" / "cublas" / "lib" for entry in sys.path if entry]
@@ -537,7 +585,7 @@ def package_version(name: str) -> str:
 MIN_START = 20.0  # seconds of the budget a part needs left to be started
 
 
-PART_GROUPS = ("core", "extra", "recipes")
+PART_GROUPS = ("core", "extra", "recipes", "multi30k", "multi30k-sweep", "wmt-hour")
 
 
 def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list[Part]:
@@ -545,6 +593,10 @@ def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list
         "core": core_parts(settings, report),
         "extra": extra_parts(settings, report, folder),
         "recipes": recipe_parts(settings, report, folder),
+        **{
+            group: user_run_parts(settings, report, args.multi30k_dir, group)
+            for group in ("multi30k", "multi30k-sweep", "wmt-hour")
+        },
     }
     if args.parts == "all":
         return [part for group in PART_GROUPS for part in groups[group]]
@@ -597,8 +649,16 @@ def main() -> int:
         default="core",
         help="core: a subset of the gpu tests and the headline figures, 230 s; extra: the "
         "optional run, 480 s (the levers on and off, Marian, big compiled, a rank's share, "
-        "every gpu test); recipes: what the recipes learn; each run's results are added to the "
-        "same file; all: every part, in one run",
+        "every gpu test); recipes: what the recipes learn; multi30k: the Multi30k GPU recipe "
+        "end to end, 360 s (--multi30k-dir); multi30k-sweep: its settings by valid BLEU, 540 s; "
+        "wmt-hour: WMT's first hour on generated data and the paper run's projection, 540 s; "
+        "each run's results are added to the same file; all: every part, in one run",
+    )
+    parser.add_argument(
+        "--multi30k-dir",
+        default=str(ROOT / ".data" / "multi30k"),
+        help="Multi30k's raw text, {train,val,test_2016_flickr}.{de,en}, for --parts multi30k "
+        "and multi30k-sweep (default: .data/multi30k, an ignored folder carried with the tree)",
     )
     parser.add_argument(
         "--budget", type=float, help="seconds for all parts (default: the sum of their limits)"

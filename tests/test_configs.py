@@ -36,6 +36,7 @@ def test_every_preset_composes(group, preset):
         ("train", TrainJob),
         ("demo", TrainJob),
         ("multi30k", TrainJob),
+        ("multi30k_gpu", TrainJob),
         ("eval", EvalJob),
         ("translate", TranslateJob),
     ],

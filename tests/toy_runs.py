@@ -29,6 +29,7 @@ TINY_TRAIN = [
     "trainer.valid_every=100",
     "trainer.valid_bleu_sentences=8",
     "trainer.checkpoint_every=100",
+    "trainer.checkpoint_min_seconds=0",  # toy updates are fast: every checkpoint_every is written
     "trainer.log_every=20",
     "trainer.progress_bar=false",
     "trainer.num_threads=2",

@@ -21,3 +21,8 @@ class DamagedCheckpoint(CheckpointError):
     """A checkpoint file whose content is not a checkpoint of ours (truncated, corrupt, foreign):
     reading it again gives the same. A read that failed (an OSError, memory) is a plain
     CheckpointError: the file may be whole."""
+
+
+class OutOfMemory(TransformerMTError):
+    """The device's memory did not hold a training micro-batch; the message names the
+    micro-batch, the key to lower (trainer.batch_tokens) and the checkpoint a rerun resumes."""

@@ -24,7 +24,7 @@ from transformer_mt.data.prepare import (
 )
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import keep_freed_host_memory
-from transformer_mt.errors import ConfigError, TransformerMTError
+from transformer_mt.errors import ConfigError, OutOfMemory, TransformerMTError
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
@@ -148,7 +148,7 @@ def train_started(
         )
         trainer.begin(start)
         del start  # the checkpoint it held
-        reason = trainer.fit()
+        reason = fit_naming_out_of_memory(trainer)
     except BaseException as error:
         if ranks.is_main:
             step = trainer.progress.step if trainer is not None else first_step
@@ -158,6 +158,47 @@ def train_started(
         how = "stop signal" if trainer.stop_signalled else "finished"
         run.append_history(end_record(how, reason, trainer.progress.step))
     return run.checkpoints.last
+
+
+def fit_naming_out_of_memory(trainer: Trainer) -> str:
+    """trainer.fit(), with CUDA out of memory turned into one line a user can act on. Nothing is
+    lost: the run folder keeps its checkpoints, and the same command with a smaller
+    trainer.batch_tokens (a steering key) resumes the last one with the same updates, planned in
+    trainer.global_batch_tokens and cut into more micro-batches."""
+    try:
+        return trainer.fit()
+    except torch.cuda.OutOfMemoryError as error:
+        raise out_of_memory(trainer) from error
+
+
+def out_of_memory(trainer: Trainer) -> OutOfMemory:
+    """The line for CUDA out of memory: the micro-batch (its shape and padded tokens, the
+    longer side's as trainer.batch_tokens counts them), the key to lower, the last checkpoint."""
+    settings, batch = trainer.cfg.trainer, trainer.micro_batch
+    update = trainer.progress.step + 1
+    if batch is None:
+        where = f"at update {update}, outside a training micro-batch (validation's batches"
+        where += f" also hold up to trainer.batch_tokens={settings.batch_tokens})"
+    else:
+        rows, source = batch.src.shape
+        target = batch.tgt_in.shape[1]
+        where = (
+            f"in a micro-batch of update {update}: {rows} sentences x {source} source / {target} "
+            f"target positions = {rows * max(source, target):,} padded tokens "
+            f"(trainer.batch_tokens={settings.batch_tokens})"
+        )
+    saved = trainer.checkpointer.saved_step
+    resumes = (
+        f"resumes the last checkpoint, update {saved}"
+        if saved >= 0
+        else "starts afresh (no checkpoint was written yet)"
+    )
+    return OutOfMemory(
+        f"CUDA out of memory {where}: run the same command with a smaller trainer.batch_tokens "
+        f"(e.g. trainer.batch_tokens={settings.batch_tokens // 2}); it {resumes}, each update "
+        f"still of trainer.global_batch_tokens={settings.global_batch_tokens} in more "
+        "micro-batches"
+    )
 
 
 def valid_bleu(

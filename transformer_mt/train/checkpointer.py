@@ -39,8 +39,9 @@ class TrainingParts:
 
 
 class Checkpointer:
-    """Saving (every trainer.checkpoint_every updates, every checkpoint_every_minutes, and when
-    the trainer asks), resuming and pruning the checkpoints of one run."""
+    """Saving (every trainer.checkpoint_every updates but never within checkpoint_min_seconds
+    of the previous checkpoint, every checkpoint_every_minutes, and when the trainer asks),
+    resuming and pruning the checkpoints of one run."""
 
     def __init__(
         self,
@@ -56,6 +57,7 @@ class Checkpointer:
         self.parts, self.ranks, self.device, self.settings = parts, ranks, device, settings
         self.saved_step = -1
         self.last_save_time = time.monotonic()
+        self.skipped_one = False  # a checkpoint_every checkpoint skipped (logged once)
 
     # ---- saving ------------------------------------------------------------------------------
     def state(self, progress: Progress) -> dict:
@@ -75,6 +77,7 @@ class Checkpointer:
         state = self.state(progress)
         path = self.folder.step_file(progress.step)
         if self.ranks.is_main:
+            started = time.perf_counter()
             path = self.folder.save(
                 state,
                 progress.step,
@@ -82,14 +85,40 @@ class Checkpointer:
                 keep=self.settings.keep_checkpoints,
                 previous=self.saved_step,
             )
+            log.info(
+                "wrote %s (%.0f MB) in %.2f s",
+                path.name,
+                path.stat().st_size / 1e6,
+                time.perf_counter() - started,
+            )
         self.saved_step = progress.step
         self.last_save_time = time.monotonic()
         return path
 
     def periodic_due(self, step: int) -> bool:
-        """Whether update `step` is one trainer.checkpoint_every asks a checkpoint at."""
+        """Whether update `step` is one trainer.checkpoint_every asks a checkpoint at, and
+        trainer.checkpoint_min_seconds have passed since the last checkpoint by rank 0's clock.
+        At such updates a collective (a broadcast of rank 0's answer), which every rank meets at
+        the same update: the trainer asks only where the agreed reasons to save are all false."""
         every = self.settings.checkpoint_every
-        return bool(every) and step % every == 0
+        if not every or step % every:
+            return False
+        (spaced,) = self.ranks.broadcast([float(self.spaced_enough())])
+        if not spaced and not self.skipped_one and self.ranks.is_main:
+            log.info(
+                "no checkpoint at update %d, %.1f s after the previous one: checkpoints for "
+                "trainer.checkpoint_every=%d keep trainer.checkpoint_min_seconds=%g apart",
+                step,
+                time.monotonic() - self.last_save_time,
+                every,
+                self.settings.checkpoint_min_seconds,
+            )
+            self.skipped_one = True
+        return spaced > 0
+
+    def spaced_enough(self) -> bool:
+        """Whether trainer.checkpoint_min_seconds have passed since the last checkpoint."""
+        return time.monotonic() - self.last_save_time >= self.settings.checkpoint_min_seconds
 
     def time_due(self) -> bool:
         """Whether trainer.checkpoint_every_minutes have passed since the last checkpoint (this

@@ -43,6 +43,7 @@ STEERING_KEYS = frozenset(
         "trainer.max_time_minutes",
         "trainer.checkpoint_every",
         "trainer.checkpoint_every_minutes",
+        "trainer.checkpoint_min_seconds",
         "trainer.valid_every",
         "trainer.valid_bleu_sentences",
         "trainer.valid_bleu_strategy",

@@ -105,6 +105,7 @@ class Trainer:
         parts = TrainingParts(self.model, self.optimizer, self.scheduler, self.scaler)
         self.checkpointer = Checkpointer(run, record, parts, self.ranks, self.device, cfg.trainer)
         self.progress = Progress()
+        self.micro_batch: Batch | None = None  # in forward_backward: what out of memory names
         self.tokens_by_turn = np.zeros(0, dtype=np.int64)  # the epoch's; set by epoch_loader
         self.position_fraction: float | None = None  # set by a resume with another layout
         self.validated_step = -1
@@ -247,11 +248,13 @@ class Trainer:
         accumulate); `sync`: all-reduce the gradients (DDP: the last micro-batch of an update).
         Returns the summed loss, nll and target tokens, detached."""
         no_sync = self.ranks.distributed and not sync
+        self.micro_batch = batch
         with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
             batch = batch.to(self.device)
             with self.policy.forward():
                 sums = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
             self.scaler.scale(sums.loss * scale).backward()
+        self.micro_batch = None
         return LossSums(sums.loss.detach(), sums.nll.detach(), sums.n_tokens)
 
     def train_step(self, batches: list[Batch], update_tokens: int | None = None) -> StepStats:
