@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def rehearse(module: str, workdir: Path, *options: str) -> str:
     """The module's --rehearse-on-cpu output (stdout); it must end with status 0."""
     done = subprocess.run(
-        [sys.executable, "-m", module, "--rehearse-on-cpu", "--workdir", str(workdir), *options],
+        [sys.executable, "-m", module, "--rehearse-on-cpu", "--workdir", str(workdir),
+         "--limit", "600", *options],
         cwd=ROOT, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -103,6 +104,6 @@ def test_the_projection_reads_the_late_windows_and_the_validation_from_the_log()
 def test_make_gpu_check_has_a_run_for_each(group, name, limit, tmp_path):
     """Each is a run of its own (a lent machine's 10 minutes a command), limited as sized."""
     report = gpu_check.Report(tmp_path / "gpu.txt", tmp_path / "gpu.log")
-    args = argparse.Namespace(parts=group, multi30k_dir=str(tmp_path / "multi30k"))
+    args = argparse.Namespace(parts=[group], multi30k_dir=str(tmp_path / "multi30k"))
     (part,) = gpu_check.chosen_parts(args, gpu_check.GPU, report, tmp_path)
     assert (part.name, part.limit) == (name, limit)
