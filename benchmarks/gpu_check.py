@@ -32,7 +32,9 @@ The optional run (`--parts extra`, 480 s, a second call; its results added to th
 
 The recipes run (`--parts recipes`): 13. learning, 200 s: the demo config for 2 minutes on the
 GPU, then beam-search BLEU on its test split (tmt-eval); its log lines without their throughput
-fields. `--parts all`: every part in one run.
+fields. The decoding run (`--parts decoding`, 300 s): 14. beam search, ours beside
+transformers' generate of the same weights on the same GPU (benchmarks/gpu_decoding.py).
+`--parts all`: every part in one run.
 
 The throughput parts are benchmarks/bench_train.py on generated WMT-like updates of 25,000 target
 tokens in bf16 (batches cut from 2,000,000 pairs' lengths: WMT's padding), 3 warm-up updates
@@ -446,6 +448,26 @@ def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
     return [*levers, marian, *big_runs, share, first, Part("every gpu test", 150, tests)]
 
 
+def beam_search_vs_transformers(settings: Settings, report: Report, limit: float) -> Outcome:
+    """benchmarks/gpu_decoding.py: ours beside transformers' generate, on the same GPU."""
+    section(report, f"14. decoding: ours beside transformers' generate, limit {limit:.0f} s")
+    rehearsal = ["--rehearsal", "--threads", "1"] if settings.device == "cpu" else []
+    command = python_command(
+        "-m", "benchmarks.gpu_decoding", "--device", settings.device, *rehearsal
+    )  # fmt: skip
+    outcome = run(command, limit, report, echo=True)
+    report.line(f"-- decoding beside transformers: {outcome.describe()}")
+    if not outcome.ok:
+        report.line(tail(outcome.stderr))
+    return outcome
+
+
+def decoding_parts(settings: Settings, report: Report) -> list[Part]:
+    """A run of its own (`--parts decoding`), 300 s: beam search at the GPU's speed (issue 47)."""
+    part = functools.partial(beam_search_vs_transformers, settings, report)
+    return [Part("decoding beside transformers", 300, part)]
+
+
 def recipe_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
     """A third run: what a user's recipe learns on the GPU."""
     return [Part("learning", 200, functools.partial(learning, settings, folder, report))]
@@ -537,7 +559,7 @@ def package_version(name: str) -> str:
 MIN_START = 20.0  # seconds of the budget a part needs left to be started
 
 
-PART_GROUPS = ("core", "extra", "recipes")
+PART_GROUPS = ("core", "extra", "recipes", "decoding")
 
 
 def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list[Part]:
@@ -545,6 +567,7 @@ def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list
         "core": core_parts(settings, report),
         "extra": extra_parts(settings, report, folder),
         "recipes": recipe_parts(settings, report, folder),
+        "decoding": decoding_parts(settings, report),
     }
     if args.parts == "all":
         return [part for group in PART_GROUPS for part in groups[group]]
@@ -597,8 +620,9 @@ def main() -> int:
         default="core",
         help="core: a subset of the gpu tests and the headline figures, 230 s; extra: the "
         "optional run, 480 s (the levers on and off, Marian, big compiled, a rank's share, "
-        "every gpu test); recipes: what the recipes learn; each run's results are added to the "
-        "same file; all: every part, in one run",
+        "every gpu test); recipes: what the recipes learn; decoding: beam search beside "
+        "transformers' generate, 300 s; each run's results are added to the same file; all: "
+        "every part, in one run",
     )
     parser.add_argument(
         "--budget", type=float, help="seconds for all parts (default: the sum of their limits)"
