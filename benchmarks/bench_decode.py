@@ -223,8 +223,8 @@ def benchmark(args, folder: Path) -> None:
     )
     print(
         f"# decoding: beam {PAPER.beam_size}, length penalty {PAPER.length_penalty}, max length "
-        f"{PAPER.max_len_a:g} * source + {PAPER.max_len_b}, batches of {PAPER.batch_tokens} "
-        "source tokens (ours and CTranslate2 alike)"
+        f"{PAPER.max_len_a:g} * source + {PAPER.max_len_b}, batches of "
+        f"{ours.decode.batch_tokens} source tokens (ours and CTranslate2 alike)"
     )
     print(
         f"\nbeam search, all {len(sources)} sentences, fastest of {args.rounds} rounds, each "
@@ -368,9 +368,10 @@ def benchmark_generated(args, folder: Path) -> None:
     print(
         f"# beam {PAPER.beam_size}, length penalty "
         f"{PAPER.length_penalty}, max length source + {PAPER.max_len_b}, batches of "
-        f"{PAPER.batch_tokens} source tokens (ours and CTranslate2 alike)"
+        f"{ours.decode.batch_tokens} source tokens (ours and CTranslate2 alike)"
     )
-    systems |= ctranslate2_systems(model, tokenizers, folder, device, args.threads)
+    budget = ours.decode.batch_tokens  # the device's default: CTranslate2's batches the same
+    systems |= ctranslate2_systems(model, tokenizers, folder, device, args.threads, budget)
     outputs = {}
     for name, translate in systems.items():
         try:
@@ -386,8 +387,11 @@ def benchmark_generated(args, folder: Path) -> None:
         print(f"  CTranslate2 float32 output = ours float32 on {same} of {len(sources)} sentences")
 
 
-def ctranslate2_systems(model, tokenizers, folder: Path, device: torch.device, threads: int):
-    """name -> translate_ids of CTranslate2 over the exported `model` ({} without ctranslate2)."""
+def ctranslate2_systems(
+    model, tokenizers, folder: Path, device: torch.device, threads: int, batch_tokens: int
+):
+    """name -> translate_ids of CTranslate2 over the exported `model` ({} without ctranslate2),
+    in batches of `batch_tokens` source tokens."""
     try:
         ctranslate2 = import_ctranslate2()
     except TransformerMTError as error:
@@ -415,7 +419,9 @@ def ctranslate2_systems(model, tokenizers, folder: Path, device: torch.device, t
             print(f"  (c) CTranslate2 {compute_type} on {device}: {str(error).splitlines()[0]}")
             continue
         backend = CTranslate2Search(engine, tokenizers, max_positions=model.positions.shape[0])
-        translator = Translator(backend, tokenizers, PAPER)
+        translator = Translator(
+            backend, tokenizers, dataclasses.replace(PAPER, batch_tokens=batch_tokens)
+        )
         systems[f"(c) CTranslate2 {compute_type}"] = translator.translate_ids
     return systems
 

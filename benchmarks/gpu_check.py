@@ -32,11 +32,13 @@ The optional run (`--parts extra`, 480 s, a second call; its results added to th
 
 The recipes run (`--parts recipes`): 13. learning, 200 s: the demo config for 2 minutes on the
 GPU, then beam-search BLEU on its test split (tmt-eval); its log lines without their throughput
-fields. What a GPU user runs, a run of its own each: `--parts multi30k`, 14. 360 s: the Multi30k
+fields. The decoding run (`--parts decoding`, 300 s): 14. beam search, ours beside
+transformers' generate of the same weights on the same GPU (benchmarks/gpu_decoding.py).
+What a GPU user runs, a run of its own each: `--parts multi30k`, 15. 360 s: the Multi30k
 recipe for one GPU end to end from a fresh run folder, test BLEU and wall time
 (benchmarks/gpu_recipe.py), on the raw text of --multi30k-dir (.data/multi30k: carried with the
-tree, benchmarks/README.md says how); `--parts multi30k-sweep`, 15. 540 s: its settings one change
-at a time, by valid BLEU; `--parts wmt-hour`, 16. 540 s: WMT's first hour on generated data and
+tree, benchmarks/README.md says how); `--parts multi30k-sweep`, 16. 540 s: its settings one change
+at a time, by valid BLEU; `--parts wmt-hour`, 17. 540 s: WMT's first hour on generated data and
 the paper run's 100k updates projected on 1 and 8 GPUs (benchmarks/wmt_first_hour.py).
 `--parts all`: every part in one run.
 
@@ -452,6 +454,26 @@ def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
     return [*levers, marian, *big_runs, share, first, Part("every gpu test", 150, tests)]
 
 
+def beam_search_vs_transformers(settings: Settings, report: Report, limit: float) -> Outcome:
+    """benchmarks/gpu_decoding.py: ours beside transformers' generate, on the same GPU."""
+    section(report, f"14. decoding: ours beside transformers' generate, limit {limit:.0f} s")
+    rehearsal = ["--rehearsal", "--threads", "1"] if settings.device == "cpu" else []
+    command = python_command(
+        "-m", "benchmarks.gpu_decoding", "--device", settings.device, *rehearsal
+    )  # fmt: skip
+    outcome = run(command, limit, report, echo=True)
+    report.line(f"-- decoding beside transformers: {outcome.describe()}")
+    if not outcome.ok:
+        report.line(tail(outcome.stderr))
+    return outcome
+
+
+def decoding_parts(settings: Settings, report: Report) -> list[Part]:
+    """A run of its own (`--parts decoding`), 300 s: beam search at the GPU's speed (issue 47)."""
+    part = functools.partial(beam_search_vs_transformers, settings, report)
+    return [Part("decoding beside transformers", 300, part)]
+
+
 def recipe_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
     """A third run: what a user's recipe learns on the GPU."""
     return [Part("learning", 200, functools.partial(learning, settings, folder, report))]
@@ -483,15 +505,15 @@ def user_run_parts(settings: Settings, report: Report, data: str, group: str) ->
     parts = {
         "multi30k": (
             "multi30k gpu recipe", 360, ["benchmarks.gpu_recipe", *given],
-            "14. the Multi30k GPU recipe (multi30k_gpu): train, average, alpha, test BLEU",
+            "15. the Multi30k GPU recipe (multi30k_gpu): train, average, alpha, test BLEU",
         ),
         "multi30k-sweep": (
             "multi30k sweep", 540, ["benchmarks.gpu_recipe", *given, "--sweep-only"],
-            "15. the Multi30k GPU recipe's sweep: one change at a time, valid BLEU",
+            "16. the Multi30k GPU recipe's sweep: one change at a time, valid BLEU",
         ),
         "wmt-hour": (
             "wmt first hour", 540, ["benchmarks.wmt_first_hour"],
-            "16. WMT's first hour on generated data, and 100k updates projected on 1 and 8 GPUs",
+            "17. WMT's first hour on generated data, and 100k updates projected on 1 and 8 GPUs",
         ),
     }  # fmt: skip
     name, limit, arguments, title = parts[group]
@@ -585,7 +607,7 @@ def package_version(name: str) -> str:
 MIN_START = 20.0  # seconds of the budget a part needs left to be started
 
 
-PART_GROUPS = ("core", "extra", "recipes", "multi30k", "multi30k-sweep", "wmt-hour")
+PART_GROUPS = ("core", "extra", "recipes", "decoding", "multi30k", "multi30k-sweep", "wmt-hour")
 
 
 def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list[Part]:
@@ -593,6 +615,7 @@ def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list
         "core": core_parts(settings, report),
         "extra": extra_parts(settings, report, folder),
         "recipes": recipe_parts(settings, report, folder),
+        "decoding": decoding_parts(settings, report),
         **{
             group: user_run_parts(settings, report, args.multi30k_dir, group)
             for group in ("multi30k", "multi30k-sweep", "wmt-hour")
@@ -658,7 +681,8 @@ def main() -> int:
         default="core",
         help="core: a subset of the gpu tests and the headline figures, 230 s; extra: the "
         "optional run, 480 s (the levers on and off, Marian, big compiled, a rank's share, "
-        "every gpu test); recipes: what the recipes learn; multi30k: the Multi30k GPU recipe "
+        "every gpu test); recipes: what the recipes learn; decoding: beam search beside "
+        "transformers' generate, 300 s; multi30k: the Multi30k GPU recipe "
         "end to end, 360 s (--multi30k-dir); multi30k-sweep: its settings by valid BLEU, 540 s; "
         "wmt-hour: WMT's first hour on generated data and the paper run's projection, 540 s; "
         "each run's results are added to the same file; several joined by commas "

@@ -226,9 +226,9 @@ def test_the_cpu_rehearsal_runs_every_part(tmp_path):
     on the CPU: each ends ok, each bench_train run prints its figures as it measures them (the
     warm-up, then each pass), and the profile's busy time is within its wall time. Slow: about
     210 s alone on a 2-core machine, most of it compiling the tiny model (its big and base are
-    both tiny, so the big parts are left out: 11 parts, not the GPU's 13). The runs of their own
-    (the Multi30k GPU recipe, its sweep, WMT's first hour) are rehearsed by
-    tests/test_gpu_rehearsals.py."""
+    both tiny, so the big parts are left out: 11 parts, not the GPU's 13). The decoding run
+    is rehearsed apart (below), and the runs of their own (the Multi30k GPU recipe, its sweep,
+    WMT's first hour) by tests/test_gpu_rehearsals.py."""
     output = tmp_path / "gpu.txt"
     done = run(
         "bash", "benchmarks/gpu_check.sh", "--rehearse-on-cpu", "--parts", "core,extra,recipes",
@@ -243,3 +243,24 @@ def test_the_cpu_rehearsal_runs_every_part(tmp_path):
     assert all(float(busy) <= float(wall) for wall, busy in profiles), profiles
     runs = report.count("2 passes over them")
     assert runs == 7 and report.count(".. pass 1: target tok/s") == runs, report
+
+
+DECODING_ROW = re.compile(r"  (ours|transformers generate).* sent/s +[\d,]+ target tok/s")
+
+
+def test_the_cpu_rehearsal_of_the_decoding_part_prints_every_figure(tmp_path):
+    """make gpu-check's decoding part (--parts decoding, benchmarks/gpu_decoding.py), rehearsed
+    on the CPU: ours and transformers' generate on both workloads, with the BLEU of each against
+    the other, then the levers (batch budgets, check_every, the other batch shape), each ours
+    finding what the defaults find."""
+    output = tmp_path / "gpu.txt"
+    done = run(
+        "bash", "benchmarks/gpu_check.sh", "--rehearse-on-cpu", "--parts", "decoding",
+        "--output", str(output), "--log", str(tmp_path / "gpu_check.log"), timeout=300,
+    )  # fmt: skip
+    report = output.read_text()
+    assert done.returncode == 0, report[-3000:]
+    rows = [line for line in report.splitlines() if DECODING_ROW.match(line)]
+    assert len(rows) == 2 * 2 + 7, report  # ours and theirs on 2 workloads, 7 levers
+    assert report.count("BLEU of ours against theirs") == 2
+    assert report.count("BLEU 100.00") == 7  # every lever finds the defaults' outputs

@@ -329,6 +329,14 @@ class Quantize(str, Enum):
     int8 = "int8"
 
 
+class BatchShape(str, Enum):
+    """How beam search's batch is laid out step by step (decode.batch_shape)."""
+
+    auto = "auto"
+    shrinking = "shrinking"
+    fixed = "fixed"
+
+
 @dataclass(kw_only=True)
 class DecodeConfig:
     """Search settings used by eval and translate."""
@@ -366,8 +374,26 @@ class DecodeConfig:
     top_p (nucleus sampling; 1.0: from all)."""
     seed: int = 1
     """sample: seed of the translator's own random generator (the global RNG is not used)."""
-    batch_tokens: int = 4000
-    """Source tokens per decoding batch."""
+    batch_tokens: int | None = None
+    """Source tokens per decoding batch; null (the default): the device's own
+    (execution.DECODE_BATCH_TOKENS): 4,000 on the CPU (and MPS, and a CTranslate2 export), 16,384
+    on CUDA. The CUDA default is provisional, not measured yet: `make gpu-check`'s decoding part
+    times a few budgets on a GPU, and this default follows what it measures."""
+    batch_shape: BatchShape = BatchShape.auto
+    """Beam search's batch from step to step. shrinking: a sentence that is done leaves the
+    batch, decided on the host after every step (one copy from the device per step). fixed:
+    every row stays to the batch's end (a done sentence's rows go on, masked: nothing they find
+    is kept), in a KV cache preallocated for rows x the batch's longest output, so that every
+    step has the same shapes; which sentences are done is decided on the device and read every
+    decode.check_every steps. auto: fixed on CUDA, shrinking elsewhere
+    (execution.ExecutionPolicy.for_decoding; on the CPU the shrinking batch computes fewer rows
+    and waits for nothing). Both find the same hypotheses, up to float rounding. Greedy search
+    and sampling leave the batch row by row on every device."""
+    check_every: int = 4
+    """batch_shape=fixed: steps between two reads of whether every sentence is done. Each read
+    waits for the device; after the batch's last sentence is done, at most check_every - 1 steps
+    are computed for nothing. Provisional on CUDA until `make gpu-check`'s decoding part
+    measures it; the shrinking search reads every step."""
     sdpa_backends: list[SdpaBackend] = field(default_factory=lambda: [SdpaBackend.auto])
     """The attention kernels our model's searches may use, as trainer.sdpa_backends ([auto]: our
     order for the device; [default]: torch's own choice); a CTranslate2 export has its own. On
@@ -670,8 +696,11 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
     )
     _require(cfg.beam_size >= 1, f"{key}.beam_size", f"must be >= 1, got {cfg.beam_size}")
     _require(
-        cfg.batch_tokens > 0, f"{key}.batch_tokens", f"must be positive, got {cfg.batch_tokens}"
+        cfg.batch_tokens is None or cfg.batch_tokens > 0,
+        f"{key}.batch_tokens",
+        f"must be positive (or null: the device's default), got {cfg.batch_tokens}",
     )
+    _require(cfg.check_every >= 1, f"{key}.check_every", f"must be >= 1, got {cfg.check_every}")
     _require(cfg.max_len_b >= 1, f"{key}.max_len_b", f"must be >= 1, got {cfg.max_len_b}")
     _require(cfg.max_len_a >= 0, f"{key}.max_len_a", f"must be >= 0, got {cfg.max_len_a}")
     _require(cfg.min_len >= 0, f"{key}.min_len", f"must be >= 0, got {cfg.min_len}")

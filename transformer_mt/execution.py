@@ -38,6 +38,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_mt import onednn
 from transformer_mt.config import (
+    BatchShape,
     CpuLinear,
     DecodeConfig,
     Precision,
@@ -69,6 +70,13 @@ AUTO_COMPILE_OFF = {
 }
 
 
+# decode.batch_tokens=null by device kind; a kind not named here gets the CPU's. The CPU's 4,000
+# source tokens is the setting bench_decode has measured with (benchmarks/decode.txt); CUDA's is
+# provisional: 4x that, about the 1,000 Multi30k test sentences in one batch (4,000 beam rows),
+# until `make gpu-check`'s decoding part measures a few budgets on a GPU.
+DECODE_BATCH_TOKENS = {"cpu": 4000, "cuda": 16384}
+
+
 class CpuProducts(str, Enum):
     """What multiplies the linear layers on the CPU: torch's F.linear, oneDNN's kernel (training:
     the weight reordered at each call; decoding: reordered once, in a copy), or int8 weights
@@ -92,6 +100,12 @@ class ExecutionPolicy:
     """Whether the training module goes through torch.compile."""
     cpu_products: CpuProducts
     """What multiplies the linear layers (and the loss's output projection) on the CPU."""
+    fixed_shape_decoding: bool = False
+    """Beam search keeps every row to the batch's end in a preallocated KV cache and decides on
+    the device which sentences are done (decode.batch_shape; search.fixed_shape_beam_search): on
+    CUDA, where each step's copy to the host waits for the device and each new shape costs. On
+    the CPU finished sentences leave the batch, decided on the host after each step: fewer rows
+    to compute, and the copy waits for nothing."""
 
     @classmethod
     def for_training(cls, trainer: TrainerConfig, device: torch.device) -> ExecutionPolicy:
@@ -118,7 +132,8 @@ class ExecutionPolicy:
     def for_decoding(cls, decode: DecodeConfig, device: torch.device) -> ExecutionPolicy:
         """A search's policy (decode.precision, sdpa_backends, cpu_linear, quantize): float32 on
         the CPU multiplies by int8 weights (decode.quantize=int8) or oneDNN's prepacked ones
-        (decode.cpu_linear=onednn, where torch has oneDNN); never compiled."""
+        (decode.cpu_linear=onednn, where torch has oneDNN); never compiled. Beam search's batch
+        keeps a fixed shape on CUDA (decode.batch_shape=auto), shrinks elsewhere."""
         dtype = autocast_dtype(device, Precision(decode.precision.value))
         products = CpuProducts.torch
         if device.type == "cpu" and dtype is None:
@@ -126,12 +141,15 @@ class ExecutionPolicy:
                 products = CpuProducts.int8
             elif decode.cpu_linear == CpuLinear.onednn and onednn.available():
                 products = CpuProducts.onednn
+        shape = decode.batch_shape
         return cls(
             device=device,
             dtype=dtype,
             attention=attention_order(decode.sdpa_backends, device),
             compile=False,
             cpu_products=products,
+            fixed_shape_decoding=shape == BatchShape.fixed
+            or (shape == BatchShape.auto and device.type == "cuda"),
         )
 
     @property
@@ -184,6 +202,12 @@ class ExecutionPolicy:
             f"{self.device}, {precision}, attention [{attention}], "
             f"compile {'on' if self.compile else 'off'}, CPU products {self.cpu_products.value}"
         )
+
+
+def decode_batch_tokens(device: torch.device) -> int:
+    """decode.batch_tokens=null on `device`: its default source tokens per decoding batch
+    (DECODE_BATCH_TOKENS; a device not listed there: the CPU's)."""
+    return DECODE_BATCH_TOKENS.get(device.type, DECODE_BATCH_TOKENS["cpu"])
 
 
 def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:

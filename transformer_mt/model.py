@@ -89,19 +89,101 @@ class DecoderCache:
         self.cross_v = [v.index_select(0, sources) for v in self.cross_v]
         return sources
 
+    def written(self, layer: int) -> Tensor | None:
+        """Which of the positions `extend` returned hold keys: None, all of them."""
+        return None
+
+
+@dataclass
+class FixedDecoderCache:
+    """A DecoderCache of fixed shape, for a search whose step should have the same shapes every
+    step (on CUDA: no new shapes, no allocation, a step that a graph could capture): each
+    layer's keys and values preallocated for `max_length` positions of every row, the batch's
+    rows kept to its end (a search masks finished rows instead of removing them).
+
+    `extend` writes one position and returns the whole (N, H, max_length, Dh) buffers; `written`
+    says which positions attention may read. A reorder is noted and gathered at the next
+    `extend`, positions written so far only, into a second buffer that then takes the first's
+    place. The buffers start as zeros: positions not written yet are read by attention's
+    products (then masked), so they must hold finite numbers.
+    """
+
+    max_length: int
+    self_k: list[Tensor] = field(default_factory=list)  # per layer (N, H, max_length, Dh)
+    self_v: list[Tensor] = field(default_factory=list)
+    spare_k: list[Tensor] = field(default_factory=list)  # per layer: a reorder's destination
+    spare_v: list[Tensor] = field(default_factory=list)
+    cross_k: list[Tensor] = field(default_factory=list)  # per layer (B, H, S, Dh)
+    cross_v: list[Tensor] = field(default_factory=list)
+    filled: list[int] = field(default_factory=list)  # per layer: positions written
+    pending_rows: list[Tensor | None] = field(default_factory=list)  # per layer: to gather
+    positions: Tensor | None = None  # (max_length,) 0, 1, ...: for `written`
+
+    @property
+    def length(self) -> int:
+        """Target positions already decoded."""
+        return self.filled[0] if self.filled else 0
+
+    def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Layer `layer`'s buffers (N, H, max_length, Dh) with the new position k, v
+        (N, H, 1, Dh) written after the ones before it."""
+        if k.shape[2] != 1:
+            raise ValueError(f"a fixed-shape cache takes one position a step, not {k.shape[2]}")
+        if len(self.self_k) == layer:
+            shape = (*k.shape[:2], self.max_length, k.shape[3])
+            for buffers in (self.self_k, self.self_v, self.spare_k, self.spare_v):
+                buffers.append(k.new_zeros(shape))
+            self.filled.append(0)
+            self.pending_rows.append(None)
+        length = self.filled[layer]
+        if length == self.max_length:
+            raise ValueError(f"the fixed-shape cache holds {self.max_length} positions")
+        rows, self.pending_rows[layer] = self.pending_rows[layer], None
+        if rows is not None:
+            for kept, spare in ((self.self_k, self.spare_k), (self.self_v, self.spare_v)):
+                gathered(kept[layer], rows, length, spare[layer])
+                kept[layer], spare[layer] = spare[layer], kept[layer]
+        self.self_k[layer][:, :, length] = k[:, :, 0]
+        self.self_v[layer][:, :, length] = v[:, :, 0]
+        self.filled[layer] = length + 1
+        return self.self_k[layer], self.self_v[layer]
+
+    def written(self, layer: int) -> Tensor:
+        """(max_length,) True at the positions of layer `layer` written so far."""
+        if self.positions is None:
+            self.positions = torch.arange(self.max_length, device=self.self_k[layer].device)
+        return self.positions < self.filled[layer]
+
+    def reorder(self, index: Tensor) -> None:
+        """Keep rows `index` (N,): every row's keys and values become those of row index[i]."""
+        self.pending_rows = [index if r is None else r[index] for r in self.pending_rows]
+
+
+KVCache = DecoderCache | FixedDecoderCache
+
+
+def gathered(cached: Tensor, rows: Tensor, length: int, out: Tensor) -> None:
+    """out[:, :, :length] = cached[rows, :, :length], for tensors (N, H, positions, Dh): in one
+    copy on the CPU and CUDA, whose index_select writes into a strided slice in place.
+    Elsewhere (MPS's kernel has written such an output as if contiguous) the rows are gathered
+    first, then copied."""
+    if cached.device.type in ("cpu", "cuda"):
+        torch.index_select(cached[:, :, :length], 0, rows, out=out[:, :, :length])
+    else:
+        out[:, :, :length] = cached[:, :, :length].index_select(0, rows)
+
 
 def appended(cached: Tensor, rows: Tensor | None, new: Tensor) -> Tensor:
     """Rows `rows` (None: all) of `cached` (N0, H, t, Dh) followed, along the positions, by
-    `new` (N, H, T, Dh): one copy into a new (N, H, t + T, Dh) tensor on the CPU and CUDA, whose
-    index_select writes into a strided slice in place. Elsewhere (MPS's kernel has written such an
-    output as if contiguous) and with gradients (out= takes none) the rows are gathered first."""
-    if rows is not None and (cached.requires_grad or cached.device.type not in ("cpu", "cuda")):
+    `new` (N, H, T, Dh): one copy into a new (N, H, t + T, Dh) tensor on the CPU and CUDA
+    (`gathered`). With gradients (out= takes none) the rows are gathered first."""
+    if rows is not None and cached.requires_grad:
         cached, rows = cached.index_select(0, rows), None
     if rows is None:
         return torch.cat([cached, new], dim=2)
     length = cached.shape[2]
     out = new.new_empty(new.shape[0], new.shape[1], length + new.shape[2], new.shape[3])
-    torch.index_select(cached, 0, rows, out=out[:, :, :length])
+    gathered(cached, rows, length, out)
     out[:, :, length:] = new
     return out
 
@@ -235,7 +317,7 @@ class SelfAttention(nn.Module):
         *,
         keep: Tensor | None = None,
         causal: bool = False,
-        cache: DecoderCache | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
     ) -> Tensor:
         q, k, v = (
@@ -249,6 +331,9 @@ class SelfAttention(nn.Module):
                 mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device)
                 mask = mask.tril(diagonal=offset)
             causal = False  # one new position may attend to every cached one
+            written = cache.written(layer)  # (L,): a fixed-shape cache's positions written
+            if written is not None:
+                keep, mask = written.expand(k.shape[0], -1), written[None, None, None, :]
             if one_query_step(q, self.training):
                 return project(self.out, merge_heads(attend_few_queries(q, k, v, keep)))
         attended = F.scaled_dot_product_attention(
@@ -398,7 +483,7 @@ class DecoderLayer(nn.Module):
         memory_k: Tensor,
         memory_v: Tensor,
         src_keep: Tensor,
-        cache: DecoderCache | None = None,
+        cache: KVCache | None = None,
         layer: int = 0,
     ) -> Tensor:
         """`layer`: this layer's index in `cache` (incremental decoding only, so that a compiled
@@ -475,7 +560,7 @@ class Transformer(nn.Module):
             cache.cross_v.append(memory_v.contiguous())
 
     def decode(
-        self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None
+        self, tgt_in: Tensor, encoded: EncoderOutput, cache: KVCache | None = None
     ) -> Tensor:
         """Logits (N, T, V) for the next token at each position of tgt_in (N, T).
 
@@ -489,7 +574,7 @@ class Transformer(nn.Module):
         return F.linear(hidden, self.embed.weight)
 
     def decode_hidden(
-        self, tgt_in: Tensor, encoded: EncoderOutput, cache: DecoderCache | None = None
+        self, tgt_in: Tensor, encoded: EncoderOutput, cache: KVCache | None = None
     ) -> Tensor:
         """The decoder's output (B, T, D) before the output projection (`decode` without its
         last matmul: the training loss projects it a chunk of tokens at a time)."""

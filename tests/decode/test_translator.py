@@ -210,3 +210,25 @@ def test_a_precision_or_quantization_a_backend_does_not_offer_is_named(tokenizer
         translator.translate(["the dog."], decode=DecodeConfig(precision=DecodePrecision.bf16))
     with pytest.raises(ConfigError, match=r"'decode\.quantize': int8 is chosen when the model is"):
         translator.translate(["the dog."], decode=DecodeConfig(quantize=Quantize.int8))
+
+
+class EchoOnCuda(Echo):
+    """Echo, saying it runs on CUDA (as ModelSearch says its device)."""
+
+    device = torch.device("cuda")
+
+
+def test_decode_batch_tokens_null_is_the_default_of_the_backends_device(tokenizers):
+    """decode.batch_tokens=null (the default) batches by the device's own budget: the CPU's
+    4,000 source tokens (a backend that names no torch device too), CUDA's provisional 16,384;
+    a value given is kept. The batches follow it."""
+    assert DecodeConfig().batch_tokens is None
+    on_cpu = Translator(Echo(), tokenizers, DecodeConfig())
+    on_cuda = Translator(EchoOnCuda(), tokenizers, DecodeConfig())
+    assert on_cpu.decode.batch_tokens == 4000 and on_cuda.decode.batch_tokens == 16384
+    given = DecodeConfig(batch_tokens=123)
+    assert on_cuda.checked(given).batch_tokens == 123
+    sources = [[5] * 99] * 300  # 300 sources of 100 tokens with EOS: 30,000 tokens
+    assert [len(b) for b in on_cpu.batches(sources)] == [40] * 7 + [20]
+    assert [len(b) for b in on_cuda.batches(sources)] == [163, 137]
+    assert [len(b) for b in on_cuda.batches(sources, given)] == [1] * 300

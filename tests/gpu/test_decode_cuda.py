@@ -1,6 +1,7 @@
 """Decoding on a GPU, the CUDA counterparts of tests/test_model.py's cache parity and of
 tests/decode: the KV cache under bf16 autocast against the full forward pass, beam search on
-the GPU against the same search on the CPU, and decode.precision: auto is bf16 on CUDA, fp32 is
+the GPU against the same search on the CPU (today's, and the fixed-shape one that CUDA runs by
+default against today's), and decode.precision: auto is bf16 on CUDA, fp32 is
 TF32, and auto's BLEU is near fp32's."""
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from transformer_mt.config import DecodeConfig, DecodePrecision, ModelConfig
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_mt.decode.loading import load_translator
-from transformer_mt.decode.search import beam_search
+from transformer_mt.decode.search import beam_search, fixed_shape_beam_search
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
 
 pytestmark = pytest.mark.gpu
@@ -115,6 +117,37 @@ def test_beam_search_on_the_gpu_finds_what_it_finds_on_the_cpu():
         assert gpu[0].score == pytest.approx(cpu[0].score, abs=1e-3)
         assert len(gpu) == len(cpu)
     assert all(hyps and len(hyps[0].tokens) <= 22 for hyps in in_bf16)  # 12 + 10 at most
+
+
+def test_the_fixed_shape_search_on_the_device_finds_what_it_finds_on_the_cpu(device):
+    """What CUDA runs by default (the fixed-shape batch, done decided on the device) against
+    today's shrinking search on the CPU, in float32; then under the device's decoding policy
+    (bf16 autocast on CUDA). Rehearsed on the CPU (the `device` fixture); in the core run
+    (benchmarks/gpu_check.py's CORE_TESTS: "finds_what_it_finds")."""
+    cfg = ModelConfig(
+        name="t", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+        dropout=0.0, max_positions=64,
+    )  # fmt: skip
+    model = random_model(cfg, vocab=60, seed=5)
+    with torch.no_grad():
+        model.embed.weight.mul_(4.0)  # peaky distributions: clear choices, as a trained model's
+    src = random_sources([3, 12, 7, 9, 5, 11, 4, 8, 10, 6, 12, 3, 9, 7, 5, 11], 60, seed=6)
+    search = {"beam_size": 4, "bos_id": BOS_ID, "eos_id": EOS_ID, "unk_id": UNK_ID}
+    search |= {"alpha": 0.6, "max_len_a": 1.0, "max_len_b": 10}
+    on_cpu = beam_search(model, src, **search)
+    on_device = fixed_shape_beam_search(model.to(device), src.to(device), **search)
+    policy = ExecutionPolicy.for_decoding(DecodeConfig(), device)
+    with policy.forward():
+        by_policy = fixed_shape_beam_search(model, src.to(device), **search)
+    same = sum(c[0].tokens == d[0].tokens for c, d in zip(on_cpu, on_device, strict=True))
+    print(f"fixed-shape beam 4 on {device} = shrinking on the CPU on {same} of 16 sentences")
+    # As test_beam_search_on_the_gpu_finds_what_it_finds_on_the_cpu: scores equal up to float32
+    # rounding of ~20 summed log-probabilities; where two hypotheses tie that closely, either
+    # may come first.
+    for cpu, found in zip(on_cpu, on_device, strict=True):
+        assert found[0].score == pytest.approx(cpu[0].score, abs=1e-3)
+        assert len(found) == len(cpu)
+    assert all(hyps and len(hyps[0].tokens) <= 22 for hyps in by_policy)  # 12 + 10 at most
 
 
 def record_logits_and_tf32(model) -> set[tuple[torch.dtype, bool]]:

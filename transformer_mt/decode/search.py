@@ -29,6 +29,14 @@ What the loops decide on the host (which rows ended, which sentences are done, t
 finished hypothesis) comes from the device in one copy per step (`host_values`): on a GPU each
 value read on its own is a wait for the device. The tokens generated so far are kept on the host
 for that reason, row by row; the device holds only each row's last token.
+
+`fixed_shape_beam_search` is the same beam search for a device where that copy costs (CUDA; the
+execution policy chooses it, decode.batch_shape): every row stays to the batch's end in a KV
+cache of fixed shape (model.FixedDecoderCache), so every step has the same shapes, and the
+search's state (tokens so far, finished hypotheses, which sentences are done) lives on the device
+(`advance`, a pure step over `BeamState`). The host reads whether every sentence is done every
+`check_every` steps. It finds the hypotheses `beam_search` finds, up to float rounding, and stops
+each sentence at the same step (tests/decode/test_fixed_shape.py).
 """
 
 from __future__ import annotations
@@ -42,7 +50,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
+from transformer_mt.model import (
+    DecoderCache,
+    EncoderOutput,
+    FixedDecoderCache,
+    KVCache,
+    Transformer,
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +95,10 @@ class Ensemble:
         self.models = list(models)
         self.pad_id = models[0].pad_id
 
-    def start(self, src: Tensor) -> Decoders:
-        """Every member's encoder output for src (B, S) and an empty KV cache."""
-        return Decoders(self.models, [m.encode(src) for m in self.models])
+    def start(self, src: Tensor, max_length: int | None = None) -> Decoders:
+        """Every member's encoder output for src (B, S) and an empty KV cache (given
+        max_length, a FixedDecoderCache of that many positions)."""
+        return Decoders(self.models, [m.encode(src) for m in self.models], max_length)
 
 
 def as_ensemble(model: Transformer | Ensemble) -> Ensemble:
@@ -94,9 +109,18 @@ class Decoders:
     """The members' encoder outputs and KV caches for the live rows of one search, kept aligned:
     rows leave and beams are reordered in all of them at once."""
 
-    def __init__(self, models: list[Transformer], encoded: list[EncoderOutput]):
+    def __init__(
+        self,
+        models: list[Transformer],
+        encoded: list[EncoderOutput],
+        max_length: int | None = None,
+    ):
+        """max_length: the caches are FixedDecoderCaches of this many positions (the search
+        keeps every row; `keep` and `repeat_beams` are then not used); None: DecoderCaches."""
         self.models, self.encoded = models, encoded
-        self.caches = [DecoderCache() for _ in models]
+        self.caches: list[KVCache] = [
+            DecoderCache() if max_length is None else FixedDecoderCache(max_length) for _ in models
+        ]
 
     @property
     def src_keep(self) -> Tensor:
@@ -180,12 +204,15 @@ def next_token_log_probs(
     eos = log_probs[:, eos_id].clone() if at_limit is not None else None
     pad_id = decoders.models[0].pad_id
     banned = [pad_id, bos_id] if unk_id is None else [pad_id, bos_id, unk_id]
-    log_probs[:, banned] = -torch.inf
+    # Column by column and by masks, never through an index made on the host (a list, a boolean
+    # mask's nonzero rows): on a GPU that is a copy to the device, which waits for it.
+    for token in banned:
+        log_probs[:, token] = -torch.inf
     if step < min_len:
         log_probs[:, eos_id] = -torch.inf
     if at_limit is not None:
-        log_probs[at_limit] = -torch.inf
-        log_probs[at_limit, eos_id] = eos[at_limit]
+        log_probs.masked_fill_(at_limit[:, None], -torch.inf)
+        log_probs[:, eos_id] = torch.where(at_limit, eos, log_probs[:, eos_id])
     return log_probs
 
 
@@ -490,3 +517,198 @@ def beam_rows(sentences: list[int], k: int, device: torch.device) -> Tensor:
     """Rows of these sentences' beams in the flattened (sentence, beam) batch: (len * K,)."""
     index = torch.tensor(sentences, dtype=torch.long, device=device)
     return (index.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
+
+
+# ---- the fixed-shape search: every row to the batch's end, its state on the device -------------
+@dataclass(frozen=True)
+class Finished:
+    """Each sentence's best finished hypotheses so far, on the device, best first (ties: the
+    earlier first, as `keep_best`): B sentences, K = the beam size, L = the batch's longest
+    output. An empty place scores -inf."""
+
+    scores: Tensor  # (B, K) length-normalised, in float64 (float32 on MPS, which has no float64)
+    tokens: Tensor  # (B, K, L) the first `lengths` of each are its tokens (no EOS)
+    lengths: Tensor  # (B, K)
+
+    @classmethod
+    def none(cls, batch: int, k: int, length: int, device: torch.device) -> Finished:
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        return cls(
+            torch.full((batch, k), -torch.inf, dtype=dtype, device=device),
+            torch.zeros(batch, k, length, dtype=torch.long, device=device),
+            torch.zeros(batch, k, dtype=torch.long, device=device),
+        )
+
+    def hypotheses(self) -> list[list[Hypothesis]]:
+        """Per sentence, its finished hypotheses, best first: brought to the host at once."""
+        scores = self.scores.tolist()
+        rows = torch.cat([self.lengths.unsqueeze(2), self.tokens], dim=2).tolist()  # (B, K, 1 + L)
+        return [
+            [
+                Hypothesis(row[1 : 1 + row[0]], score)
+                for score, row in zip(sentence_scores, sentence_rows, strict=True)
+                if math.isfinite(score)
+            ]
+            for sentence_scores, sentence_rows in zip(scores, rows, strict=True)
+        ]
+
+
+def kept_finished(
+    finished: Finished,
+    ended: Tensor,
+    ended_scores: Tensor,
+    ended_rows: Tensor,
+    prefixes: Tensor,
+    step: int,
+    penalty: float,
+) -> Finished:
+    """`finished` with this step's ended hypotheses, the best K kept (the device's
+    `ended_hypotheses` and `keep_best`). ended (B, K): which of each sentence's best K
+    candidates end here (EOS, a finite score, a sentence not done); ended_scores (B, K) their
+    log-probabilities; ended_rows (B, K) the rows they continue, whose tokens so far are
+    prefixes[row, :step] (prefixes: (B*K, L))."""
+    batch, k = ended.shape
+    scores = torch.where(ended, ended_scores.to(finished.scores.dtype) / penalty, -torch.inf)
+    tokens = prefixes.index_select(0, ended_rows.view(-1)).view(batch, k, -1)  # (B, K, L)
+    lengths = torch.full_like(finished.lengths, step)
+    all_scores = torch.cat([finished.scores, scores], dim=1)  # (B, 2K): the kept ones first
+    order = all_scores.sort(dim=1, descending=True, stable=True).indices[:, :k]  # (B, K)
+    return Finished(
+        all_scores.gather(1, order),
+        torch.cat([finished.tokens, tokens], dim=1).gather(
+            1, order.unsqueeze(2).expand(-1, -1, tokens.shape[2])
+        ),
+        torch.cat([finished.lengths, lengths], dim=1).gather(1, order),
+    )
+
+
+def sentences_done(
+    finished: Tensor, best_live: Tensor, largest_penalty: Tensor, stop_early: bool
+) -> Tensor:
+    """`sentence_done` for every sentence at once, on the device: (B,) True where the sentence
+    holds K finished hypotheses (finished: (B, K), best first) and, unless stop_early, the worst
+    of them is at least the best live log-probability best_live (B,) divided by the largest
+    penalty that hypothesis could still get, largest_penalty (B,)."""
+    full = finished[:, -1] > -torch.inf
+    if stop_early:
+        return full
+    return full & (finished[:, -1] >= best_live.to(finished.dtype) / largest_penalty)
+
+
+@dataclass(frozen=True)
+class BeamState:
+    """What the fixed-shape search carries from step to step, all on the device."""
+
+    scores: Tensor  # (B, 1) before the first step, then (B, K): the live beams' log-probabilities
+    prefixes: Tensor  # (B*K, L) each row's tokens so far (the first `step` columns)
+    finished: Finished
+    done: Tensor  # (B,) which sentences are done: their rows go on, but nothing they find counts
+
+
+@dataclass(frozen=True)
+class SearchRule:
+    """The fixed-shape search's settings, with each sentence's limit (B,) and its penalty
+    (float64: the host's `length_penalty`) on the device."""
+
+    k: int
+    eos_id: int
+    alpha: float
+    stop_early: bool
+    limits: Tensor
+    limit_penalties: Tensor
+
+
+def advance(
+    state: BeamState, log_probs: Tensor, step: int, rule: SearchRule
+) -> tuple[BeamState, Tensor, Tensor]:
+    """One step of the fixed-shape search from next-token log-probabilities (B*K, V): the new
+    state, the rows the survivors continue (B*K,) and their tokens (B*K,). Pure: the device's
+    counterpart of the loop body of `beam_search`, without a copy to the host."""
+    batch, k = state.done.shape[0], rule.k
+    beams = log_probs.view(batch, k, -1)[:, : state.scores.shape[1]]  # step 0: beam 0 alone
+    cand_scores, origin, token = beam_step(beams, state.scores, 2 * k)
+    scores, rows, next_token = survivors(cand_scores, origin, token, rule.eos_id, k)
+    best = (cand_scores[:, :k], origin[:, :k], token[:, :k])  # (B, K) each
+    ended = (best[2] == rule.eos_id) & best[0].isfinite() & ~state.done.unsqueeze(1)
+    sentence_rows = torch.arange(batch, device=scores.device).unsqueeze(1) * k
+    finished = kept_finished(
+        state.finished,
+        ended,
+        best[0],
+        sentence_rows + best[1],
+        state.prefixes,
+        step,
+        length_penalty(step + 1, rule.alpha),
+    )
+    largest_penalty = rule.limit_penalties.clamp(min=length_penalty(step + 2, rule.alpha))
+    done = (
+        state.done
+        | (step + 1 >= rule.limits)
+        | sentences_done(finished.scores, scores[:, 0], largest_penalty, rule.stop_early)
+    )
+    prefixes = state.prefixes.index_select(0, rows)
+    prefixes[:, step] = next_token
+    return BeamState(scores, prefixes, finished, done), rows, next_token
+
+
+@torch.no_grad()
+def fixed_shape_beam_search(
+    model: Transformer | Ensemble,
+    src: Tensor,
+    *,
+    beam_size: int,
+    bos_id: int,
+    eos_id: int,
+    unk_id: int | None = None,
+    alpha: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    min_len: int = 0,
+    stop_early: bool = False,
+    check_every: int = 4,
+) -> list[list[Hypothesis]]:
+    """`beam_search` with every row kept to the batch's end and the search's state on the
+    device: the same hypotheses (up to float rounding), for a device where each copy to the
+    host waits for it (CUDA).
+
+    The batch is rows x the longest output from the first step (each sentence's K beams, all
+    BOS at first; the first step reads beam 0's log-probabilities alone, as `beam_search` reads
+    its one row), in FixedDecoderCaches, so every step has the same shapes. Finished hypotheses,
+    the tokens so far and the stopping rule are tensors (`advance`); a done sentence's rows go
+    on, masked: what they find is not kept. Whether every sentence is done is read every
+    `check_every` steps, the search's only copies to the host but the limits at its start and
+    the hypotheses at its end.
+    """
+    k, batch, device = beam_size, src.shape[0], src.device
+    ensemble = as_ensemble(model)
+    limits = max_lengths(src != ensemble.pad_id, max_len_a, max_len_b)  # (B,)
+    sentence_limits = [int(limit) for limit in host_values(limits)[0]]
+    longest = max(sentence_limits)
+    decoders = ensemble.start(src, max_length=longest)
+    state = BeamState(
+        scores=torch.zeros(batch, 1, device=device),
+        prefixes=torch.zeros(batch * k, longest, dtype=torch.long, device=device),
+        finished=Finished.none(batch, k, longest, device),
+        done=torch.zeros(batch, dtype=torch.bool, device=device),
+    )
+    penalties = [length_penalty(limit, alpha) for limit in sentence_limits]
+    penalties = torch.tensor(penalties, dtype=state.finished.scores.dtype).to(device)
+    rule = SearchRule(k, eos_id, alpha, stop_early, limits, penalties)
+    row_limits = limits.repeat_interleave(k)  # (B*K,)
+    last = torch.full((batch * k,), bos_id, dtype=torch.long, device=device)
+    for step in range(longest):
+        log_probs = next_token_log_probs(
+            decoders,
+            last[:, None],
+            step + 1 >= row_limits,
+            step=step,
+            min_len=min_len,
+            bos_id=bos_id,
+            eos_id=eos_id,
+            unk_id=unk_id,
+        )
+        state, rows, last = advance(state, log_probs, step, rule)
+        decoders.reorder(rows)
+        if (step + 1) % check_every == 0 and host_values(state.done.all())[0][0]:
+            break
+    return state.finished.hypotheses()

@@ -41,10 +41,11 @@ from transformer_mt.decode.search import (
     Hypothesis,
     as_ensemble,
     beam_search,
+    fixed_shape_beam_search,
     greedy_search,
 )
 from transformer_mt.errors import ConfigError
-from transformer_mt.execution import CpuProducts, ExecutionPolicy
+from transformer_mt.execution import CpuProducts, ExecutionPolicy, decode_batch_tokens
 from transformer_mt.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,16 @@ def backend_offers(backend: SearchBackend) -> tuple[tuple[DecodePrecision, ...],
         getattr(backend, "precisions", (DecodePrecision.auto,)),
         getattr(backend, "quantize", Quantize.none),
     )
+
+
+def default_batch_tokens(backend: SearchBackend) -> int:
+    """decode.batch_tokens=null for this backend: the default of the device it runs on
+    (execution.decode_batch_tokens), for a backend with a torch `device` (ours); the CPU's for
+    the others."""
+    device = getattr(backend, "device", None)
+    if not isinstance(device, torch.device):
+        device = torch.device("cpu")
+    return decode_batch_tokens(device)
 
 
 @runtime_checkable
@@ -150,8 +161,11 @@ class ModelSearch:
             "eos_id": EOS_ID,
             "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
         }
-        with ExecutionPolicy.for_decoding(decode, self.device).forward():
-            return self.strategy_search(self.searching(decode), src, decode, common)
+        policy = ExecutionPolicy.for_decoding(decode, self.device)
+        with policy.forward():
+            return self.strategy_search(
+                self.searching(decode), src, decode, common, policy.fixed_shape_decoding
+            )
 
     def searching(self, decode: DecodeConfig) -> Ensemble:
         """The members that run a call with these settings: copies with oneDNN's prepacked
@@ -167,10 +181,16 @@ class ModelSearch:
         return self.onednn_ensemble
 
     def strategy_search(
-        self, ensemble: Ensemble, src: Tensor, decode: DecodeConfig, common: dict
+        self,
+        ensemble: Ensemble,
+        src: Tensor,
+        decode: DecodeConfig,
+        common: dict,
+        fixed_shape: bool = False,
     ) -> list[list[Hypothesis]]:
         """decode.strategy's search of src (B, S) by `ensemble`, with the settings all of them
-        take."""
+        take; beam search in a batch of fixed shape where the execution policy says so
+        (`fixed_shape`: search.fixed_shape_beam_search)."""
         if decode.strategy == Strategy.greedy:
             return [[h] for h in greedy_search(ensemble, src, **common)]
         if decode.strategy == Strategy.sample:
@@ -184,14 +204,15 @@ class ModelSearch:
                 **common,
             )
             return [[h] for h in hyps]
-        return beam_search(
-            ensemble,
-            src,
-            beam_size=decode.beam_size,
-            alpha=decode.length_penalty,
-            stop_early=decode.stop_early,
+        beam = {
+            "beam_size": decode.beam_size,
+            "alpha": decode.length_penalty,
+            "stop_early": decode.stop_early,
             **common,
-        )
+        }
+        if fixed_shape:
+            return fixed_shape_beam_search(ensemble, src, check_every=decode.check_every, **beam)
+        return beam_search(ensemble, src, **beam)
 
     def cross_attention(
         self, sources: list[list[int]], targets: list[list[int]], layer: int
@@ -272,8 +293,9 @@ class Translator:
         return cls(backend, tokenizers, decode, unicode_form=unicode_form, origin=origin)
 
     def checked(self, decode: DecodeConfig | None) -> DecodeConfig:
-        """`decode` (None: the defaults), or ConfigError naming the setting that is not possible
-        (with this backend)."""
+        """`decode` (None: the defaults) with decode.batch_tokens=null made the device's default
+        (`default_batch_tokens`), or ConfigError naming the setting that is not possible (with
+        this backend)."""
         if decode is None:
             return self.decode
         validate_decode(decode)
@@ -289,6 +311,8 @@ class Translator:
                 f"config key 'decode.quantize': {decode.quantize.value} is chosen when the model "
                 f"is loaded; this {self.backend.name} model was loaded with {quantize.value}"
             )
+        if decode.batch_tokens is None:
+            decode = dataclasses.replace(decode, batch_tokens=default_batch_tokens(self.backend))
         return decode
 
     def translate(self, sentences: list[str], *, decode: DecodeConfig | None = None) -> list[str]:
@@ -396,7 +420,7 @@ class Translator:
     def batches(self, ids: list[list[int]], decode: DecodeConfig | None = None) -> list[list[int]]:
         """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens
         (None: the defaults')."""
-        budget = (decode or self.decode).batch_tokens
+        budget = self.checked(decode).batch_tokens
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
         batches, current, longest = [], [], 0
         for index in order:
