@@ -3,7 +3,7 @@ the wheels carried in .whl/, if any, then runs this). Each run fits one call of 
 machine (10 minutes a command), and each part prints its figures as it measures them, so a part
 stopped at its limit keeps what it measured.
 
-The core run (the default, `--parts core`), 230 s, the sum of its parts' limits, each part
+The core run (the default, `--parts core`), 240 s, the sum of its parts' limits, each part
 stopped at its own limit and none started with less than 20 s of the budget left:
 
 1. correctness, 45 s: a subset of the `gpu` tests (SDPA, ours and torch's default, against the
@@ -11,8 +11,9 @@ stopped at its own limit and none started with less than 20 s of the budget left
    pytorch#196678; beam search GPU = CPU; bitwise resume with the CUDA RNG);
 2. base eager, 40 s: ours, then a profile of its step (kernel time by kind, each kernel counted
    once, how busy the GPU was, the host's operators);
-3. base compiled, 60 s: ours with trainer.compile=true (its layers compiled one by one; the
-   warm-up, the compile included, printed apart);
+3. base compiled, 70 s: ours with trainer.compile=true (its layers compiled one by one; the
+   warm-up, the compile included, printed apart), then a profile of its step: the elementwise
+   share left once compile has fused what it fuses;
 4. big eager, 40 s: ours;
 5. decoding, 45 s: beam 4 on 1,000 generated sentences of WMT length, model=base with random
    weights, ours against CTranslate2 on the GPU (benchmarks/bench_decode.py --generated).
@@ -377,7 +378,7 @@ def bench_part(
 
 
 def core_parts(settings: Settings, report: Report) -> list[Part]:
-    """The core run, 230 s: a subset of the tests, then the headline figures, each of ours alone
+    """The core run, 240 s: a subset of the tests, then the headline figures, each of ours alone
     (its levers and Marian: the optional run)."""
     base, big, eager = settings.base, settings.big, settings.eager
     compiled = f"--columns ours-compiled {settings.compiled}"
@@ -394,9 +395,10 @@ def core_parts(settings: Settings, report: Report) -> list[Part]:
     )  # fmt: skip
     parts.append(
         bench_part(
-            settings, report, "throughput base compiled", 60,
-            f"3. throughput: model={base}, trainer.compile=true (its layers, one by one), ours",
-            f"--model {base} {compiled}",
+            settings, report, "throughput base compiled", 70,
+            f"3. throughput: model={base}, trainer.compile=true (its layers, one by one), ours, "
+            "then its profile",
+            f"--model {base} {compiled} --profile",
         )
     )  # fmt: skip
     if big != base:  # the rehearsal's big and base are both tiny: once is enough
@@ -679,7 +681,7 @@ def main() -> int:
         "--parts",
         type=part_groups,
         default="core",
-        help="core: a subset of the gpu tests and the headline figures, 230 s; extra: the "
+        help="core: a subset of the gpu tests and the headline figures, 240 s; extra: the "
         "optional run, 480 s (the levers on and off, Marian, big compiled, a rank's share, "
         "every gpu test); recipes: what the recipes learn; decoding: beam search beside "
         "transformers' generate, 300 s; multi30k: the Multi30k GPU recipe "

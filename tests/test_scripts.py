@@ -239,7 +239,7 @@ def test_the_cpu_rehearsal_runs_every_part(tmp_path):
     summary = report[report.index("== summary") :].splitlines()[1:-1]
     assert len(summary) == 11 and all(" ok, " in line for line in summary), summary
     profiles = BUSY.findall(report)
-    assert len(profiles) == 1, profiles  # part 2's
+    assert len(profiles) == 2, profiles  # parts 2 and 3: eager and compiled
     assert all(float(busy) <= float(wall) for wall, busy in profiles), profiles
     runs = report.count("2 passes over them")
     assert runs == 7 and report.count(".. pass 1: target tok/s") == runs, report
