@@ -248,11 +248,16 @@ def test_the_cpu_rehearsal_runs_every_part(tmp_path):
 DECODING_ROW = re.compile(r"  (ours|transformers generate).* sent/s +[\d,]+ target tok/s")
 
 
+@pytest.mark.slow
 def test_the_cpu_rehearsal_of_the_decoding_part_prints_every_figure(tmp_path):
     """make gpu-check's decoding part (--parts decoding, benchmarks/gpu_decoding.py), rehearsed
     on the CPU: ours and transformers' generate on both workloads, with the BLEU of each against
-    the other, then the levers (batch budgets, check_every, the other batch shape), each ours
-    finding what the defaults find."""
+    the other, then the levers (batch budgets, check_every, the other batch shape), each with its
+    BLEU against the defaults' output. Its value is not asserted: the rehearsal's random-weight
+    model has near-ties that float rounding (another batch's padding, another attention kernel)
+    may break either way; tests/decode/test_fixed_shape.py compares the searches on a sharpened
+    model."""
+    pytest.importorskip("transformers", reason="the hf extra (make install) is not installed")
     output = tmp_path / "gpu.txt"
     done = run(
         "bash", "benchmarks/gpu_check.sh", "--rehearse-on-cpu", "--parts", "decoding",
@@ -263,4 +268,5 @@ def test_the_cpu_rehearsal_of_the_decoding_part_prints_every_figure(tmp_path):
     rows = [line for line in report.splitlines() if DECODING_ROW.match(line)]
     assert len(rows) == 2 * 2 + 7, report  # ours and theirs on 2 workloads, 7 levers
     assert report.count("BLEU of ours against theirs") == 2
-    assert report.count("BLEU 100.00") == 7  # every lever finds the defaults' outputs
+    levers = re.findall(r"^  ours, .* BLEU +([\d.]+)$", report, re.M)
+    assert len(levers) == 7, report

@@ -377,8 +377,9 @@ class DecodeConfig:
     batch_tokens: int | None = None
     """Source tokens per decoding batch; null (the default): the device's own
     (execution.DECODE_BATCH_TOKENS): 4,000 on the CPU (and MPS, and a CTranslate2 export), 16,384
-    on CUDA. The CUDA default is provisional, not measured yet: `make gpu-check`'s decoding part
-    times a few budgets on a GPU, and this default follows what it measures."""
+    on CUDA. The CUDA default is provisional, not measured yet, and sized for a large GPU (an
+    H200): `make gpu-check`'s decoding part times a few budgets on a GPU, and this default follows
+    what it measures. On a smaller GPU that runs out of memory while decoding, lower this key."""
     batch_shape: BatchShape = BatchShape.auto
     """Beam search's batch from step to step. shrinking: a sentence that is done leaves the
     batch, decided on the host after every step (one copy from the device per step). fixed:

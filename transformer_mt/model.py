@@ -97,7 +97,7 @@ class DecoderCache:
 @dataclass
 class FixedDecoderCache:
     """A DecoderCache of fixed shape, for a search whose step should have the same shapes every
-    step (on CUDA: no new shapes, no allocation, a step that a graph could capture): each
+    step (on CUDA: no new shapes, so no kernel plans or allocator blocks made afresh): each
     layer's keys and values preallocated for `max_length` positions of every row, the batch's
     rows kept to its end (a search masks finished rows instead of removing them).
 
@@ -552,7 +552,7 @@ class Transformer(nn.Module):
             x = layer(x, src_keep)
         return EncoderOutput(self.encoder_norm(x), src_keep)
 
-    def fill_cross_attention(self, encoded: EncoderOutput, cache: DecoderCache) -> None:
+    def fill_cross_attention(self, encoded: EncoderOutput, cache: KVCache) -> None:
         """Every decoder layer's cross-attention keys and values, computed once into `cache`."""
         for layer in self.decoder[len(cache.cross_k) :]:
             memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)

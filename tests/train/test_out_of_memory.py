@@ -23,7 +23,9 @@ LINE = re.compile(
     r"(\d+) target positions = ([\d,]+) padded tokens \(trainer\.batch_tokens=1500\): run the "
     r"same command with a smaller trainer\.batch_tokens \(e\.g\. trainer\.batch_tokens=(\d+)\); "
     r"it resumes the last checkpoint, update (\d+), each update still of "
-    r"trainer\.global_batch_tokens=1200 in more micro-batches"
+    r"trainer\.global_batch_tokens=1200 in more micro-batches \(torch: CUDA out of memory\. "
+    r"Tried to allocate 2\.00 GiB\. GPU 0 has a total capacity of 139\.80 GiB of which 1\.12 GiB "
+    r"is free\.\)"
 )
 
 

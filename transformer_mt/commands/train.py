@@ -168,17 +168,21 @@ def fit_naming_out_of_memory(trainer: Trainer) -> str:
     try:
         return trainer.fit()
     except torch.cuda.OutOfMemoryError as error:
-        raise out_of_memory(trainer) from error
+        raise out_of_memory(trainer, str(error)) from error
 
 
-def out_of_memory(trainer: Trainer) -> OutOfMemory:
+def out_of_memory(trainer: Trainer, torch_said: str) -> OutOfMemory:
     """The line for CUDA out of memory: the micro-batch (its shape and padded tokens, the
-    longer side's as trainer.batch_tokens counts them), the key to lower, the last checkpoint."""
+    longer side's as trainer.batch_tokens counts them), the key to lower, the last checkpoint,
+    and the first line of torch's message (how much it asked for, how much was free)."""
     settings, batch = trainer.cfg.trainer, trainer.micro_batch
     update = trainer.progress.step + 1
     if batch is None:
-        where = f"at update {update}, outside a training micro-batch (validation's batches"
-        where += f" also hold up to trainer.batch_tokens={settings.batch_tokens})"
+        where = (
+            f"at update {update}, outside a training micro-batch (validation's loss batches hold "
+            f"up to trainer.batch_tokens={settings.batch_tokens}; if it was validation BLEU, "
+            "lower decode.batch_tokens instead)"
+        )
     else:
         rows, source = batch.src.shape
         target = batch.tgt_in.shape[1]
@@ -193,11 +197,12 @@ def out_of_memory(trainer: Trainer) -> OutOfMemory:
         if saved >= 0
         else "starts afresh (no checkpoint was written yet)"
     )
+    said = torch_said.strip().splitlines()[0] if torch_said.strip() else "no message"
     return OutOfMemory(
         f"CUDA out of memory {where}: run the same command with a smaller trainer.batch_tokens "
         f"(e.g. trainer.batch_tokens={settings.batch_tokens // 2}); it {resumes}, each update "
         f"still of trainer.global_batch_tokens={settings.global_batch_tokens} in more "
-        "micro-batches"
+        f"micro-batches (torch: {said})"
     )
 
 
