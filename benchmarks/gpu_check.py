@@ -266,6 +266,18 @@ def python_command(*arguments: str) -> list[str]:
     return [sys.executable, *arguments]
 
 
+def run_part(
+    report: Report, label: str, command: list[str], limit: float, env: dict | None = None
+) -> Outcome:
+    """A part's command under its limit, echoed into the report, then the part's one-line
+    outcome (`-- label: ...`) and, when it failed, the tail of its stderr."""
+    outcome = run(command, limit, report, echo=True, env=env)
+    report.line(f"-- {label}: {outcome.describe()}")
+    if not outcome.ok:
+        report.line(tail(outcome.stderr))
+    return outcome
+
+
 def correctness(
     settings: Settings, report: Report, title: str, tests: tuple[str, ...], limit: float
 ) -> Outcome:
@@ -288,11 +300,7 @@ def throughput(settings: Settings, report: Report, title: str, bench: str, limit
         "-m", "benchmarks.bench_train", "--device", settings.device, *settings.bench.split(),
         *bench.split(),
     )  # fmt: skip
-    outcome = run(command, limit, report, echo=True)
-    report.line(f"-- {title.partition('. ')[2]}: {outcome.describe()}")
-    if not outcome.ok:
-        report.line(tail(outcome.stderr))
-    return outcome
+    return run_part(report, title.partition(". ")[2], command, limit)
 
 
 def decoding(settings: Settings, report: Report, limit: float) -> Outcome:
@@ -308,11 +316,7 @@ def decoding(settings: Settings, report: Report, limit: float) -> Outcome:
     command = python_command(
         "-m", "benchmarks.bench_decode", "--device", settings.device, *settings.decode.split()
     )
-    outcome = run(command, limit, report, echo=True, env=env)
-    report.line(f"-- decoding: {outcome.describe()}")
-    if not outcome.ok:
-        report.line(tail(outcome.stderr))
-    return outcome
+    return run_part(report, "decoding", command, limit, env)
 
 
 THROUGHPUT_FIELDS = re.compile(r" (?:tok/s|mfu|mfu_padded)=\S+")
@@ -463,11 +467,7 @@ def beam_search_vs_transformers(settings: Settings, report: Report, limit: float
     command = python_command(
         "-m", "benchmarks.gpu_decoding", "--device", settings.device, *rehearsal
     )  # fmt: skip
-    outcome = run(command, limit, report, echo=True)
-    report.line(f"-- decoding beside transformers: {outcome.describe()}")
-    if not outcome.ok:
-        report.line(tail(outcome.stderr))
-    return outcome
+    return run_part(report, "decoding beside transformers", command, limit)
 
 
 def decoding_parts(settings: Settings, report: Report) -> list[Part]:
@@ -491,11 +491,7 @@ def module_part(
     rehearsal = ["--rehearse-on-cpu"] if settings.device == "cpu" else []
     own_limit = f"{max(limit - 15, 1.0):.0f}"
     command = python_command("-m", *arguments, "--limit", own_limit, *rehearsal)
-    outcome = run(command, limit, report, echo=True)
-    report.line(f"-- {title.partition('. ')[2]}: {outcome.describe()}")
-    if not outcome.ok:
-        report.line(tail(outcome.stderr))
-    return outcome
+    return run_part(report, title.partition(". ")[2], command, limit)
 
 
 def user_run_parts(settings: Settings, report: Report, data: str, group: str) -> list[Part]:
