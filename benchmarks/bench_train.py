@@ -118,11 +118,13 @@ from transformer_mt.train.trainer import Trainer
 
 OURS, MARIAN, MARIAN_EAGER = "ours", "marian", "marian eager-attn"
 OURS_PLAIN, OURS_COMPILED = "ours plain", "ours compiled"
+OURS_COMPILED_EAGER_LOSS = "ours compiled, loss eager"
 # --columns: what each name runs (ours: the trainer as configured, with its chunked loss).
 COLUMNS = {
     "ours-plain": OURS_PLAIN,  # the step before issue 25: the whole fp32 logits, torch's dropout
     "ours": OURS,
-    "ours-compiled": OURS_COMPILED,  # trainer.compile=true: the model and its loss compiled
+    "ours-compiled": OURS_COMPILED,  # trainer.compile=true: its layers and loss chunks compiled
+    "ours-compiled-eager-loss": OURS_COMPILED_EAGER_LOSS,  # the same, the loss's chunks eager
     "marian": MARIAN,
     "marian-eager": MARIAN_EAGER,
 }
@@ -342,11 +344,13 @@ def worker(
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]
-    if kind in (OURS, OURS_PLAIN, OURS_COMPILED):
-        if kind == OURS_COMPILED:
+    if kind in (OURS, OURS_PLAIN, OURS_COMPILED, OURS_COMPILED_EAGER_LOSS):
+        if kind in (OURS_COMPILED, OURS_COMPILED_EAGER_LOSS):
             job.trainer.compile = "true"
         data = data if data is not None else prepare(job.data)
         runner = OursRunner(job, data, device, plain=kind == OURS_PLAIN)
+        if kind == OURS_COMPILED_EAGER_LOSS:
+            runner.trainer.loss_module.compiled = False
     else:
         attention = "eager" if kind == MARIAN_EAGER else "sdpa"
         runner = MarianRunner(job, vocab_size, device, attention)
@@ -724,7 +728,9 @@ def max_padded(steps: list[list[Batch]]) -> int:
 
 
 def compiles(kind: str, args) -> bool:
-    return kind == OURS_COMPILED or (args.compile and kind in (OURS, OURS_PLAIN))
+    return kind in (OURS_COMPILED, OURS_COMPILED_EAGER_LOSS) or (
+        args.compile and kind in (OURS, OURS_PLAIN)
+    )
 
 
 def rounds_lengths(kind: str, job: TrainJob, device: torch.device, args) -> bool:
@@ -807,7 +813,8 @@ def parse_args():
         help="what to time, in this order, the first being the reference of the ratios: "
         + ", ".join(COLUMNS)
         + " (ours-plain: our model's step before issue 25, the loss over the whole fp32 logits "
-        "and torch's dropout; ours-compiled: trainer.compile=true; use --warmup 6 with it)",
+        "and torch's dropout; ours-compiled: trainer.compile=true; ours-compiled-eager-loss: the "
+        "same with the loss's chunks eager; use --warmup 6 with them)",
     )
     parser.add_argument(
         "--profile",

@@ -10,7 +10,7 @@ stopped at its own limit and none started with less than 20 s of the budget left
    math kernel with the model's masks at lengths 64 and 200, fp32 and bf16, and the rows of
    pytorch#196678; beam search GPU = CPU; bitwise resume with the CUDA RNG);
 2. base eager, 40 s: ours, then a profile of its step (kernel time by kind, each kernel counted
-   once, how busy the GPU was, the host's operators);
+   once, how busy the GPU was, the host's operators, the copies by what asked for them);
 3. base compiled, 70 s: ours with trainer.compile=true (its layers compiled one by one; the
    warm-up, the compile included, printed apart), then a profile of its step: the elementwise
    share left once compile has fused what it fuses;
@@ -18,28 +18,30 @@ stopped at its own limit and none started with less than 20 s of the budget left
 5. decoding, 45 s: beam 4 on 1,000 generated sentences of WMT length, model=base with random
    weights, ours against CTranslate2 on the GPU (benchmarks/bench_decode.py --generated).
 
-The optional run (`--parts extra`, 480 s, a second call; its results added to the same file):
+The optional run (`--parts extra`, 420 s, a second call; its results added to the same file):
 
-6.-7. the base step's levers, 2 x 35 s, each off with the rest as in part 2: torch's attention
+6.-8. the base step's levers, 3 x 35 s, each off with the rest as in part 2: torch's attention
    kernels (cuDNN's first on H100/H200) instead of ours; exact padded lengths instead of
-   rounded ones;
-8. ours beside transformers' MarianMTModel, base eager, 50 s;
-9. big compiled, 80 s;
-10. one rank's share at NPROC=8, 80 s: model=base, updates of 3,125 target tokens (the paper's
+   rounded ones; micro-batches of 25,000 padded tokens (trainer/paper.yaml's: two an update,
+   every weight cast to bf16 twice) instead of one of 32,768;
+9. the compiled step with the loss's chunks eager (part 3 has them compiled), 70 s;
+10. ours beside transformers' MarianMTModel, base eager, 50 s;
+11. big compiled, 80 s;
+12. one rank's share at NPROC=8, 80 s: model=base, updates of 3,125 target tokens (the paper's
    25,000 over 8 GPUs), eager and compiled: the launch-bound regime of a multi-GPU run;
-11. the step as first shipped (bench_train's ours-plain: the loss over the whole fp32 logits,
-   torch's dropout) beside today's, base eager, 35 s;
-12. every gpu test, 150 s.
+13. the step as first shipped (bench_train's ours-plain: the loss over the whole fp32 logits,
+   torch's dropout) beside today's, base eager, 35 s.
 
-The recipes run (`--parts recipes`): 13. learning, 200 s: the demo config for 2 minutes on the
-GPU, then beam-search BLEU on its test split (tmt-eval); its log lines without their throughput
-fields. The decoding run (`--parts decoding`, 300 s): 14. beam search, ours beside
+The tests run (`--parts tests`, 150 s; with the core run, 390 s, fits one call): 14. every gpu
+test. The recipes run (`--parts recipes`): 15. learning, 200 s: the demo config for 2 minutes on
+the GPU, then beam-search BLEU on its test split (tmt-eval); its log lines without their
+throughput fields. The decoding run (`--parts decoding`, 300 s): 16. beam search, ours beside
 transformers' generate of the same weights on the same GPU (benchmarks/gpu_decoding.py).
-What a GPU user runs, a run of its own each: `--parts multi30k`, 15. 360 s: the Multi30k
+What a GPU user runs, a run of its own each: `--parts multi30k`, 17. 360 s: the Multi30k
 recipe for one GPU end to end from a fresh run folder, test BLEU and wall time
 (benchmarks/gpu_recipe.py), on the raw text of --multi30k-dir (.data/multi30k: carried with the
-tree, benchmarks/README.md says how); `--parts multi30k-sweep`, 16. 540 s: its settings one change
-at a time, by valid BLEU; `--parts wmt-hour`, 17. 540 s: WMT's first hour on generated data and
+tree, benchmarks/README.md says how); `--parts multi30k-sweep`, 18. 540 s: its settings one change
+at a time, by valid BLEU; `--parts wmt-hour`, 19. 540 s: WMT's first hour on generated data and
 the paper run's 100k updates projected on 1 and 8 GPUs (benchmarks/wmt_first_hour.py).
 `--parts all`: every part in one run.
 
@@ -327,8 +329,8 @@ def learning(settings: Settings, folder: Path, report: Report, limit: float) -> 
     together); the log lines shown without their throughput fields."""
     section(
         report,
-        f"13. learning: the demo config, {settings.learn_minutes:g} min of training on "
-        f"{settings.device}, then its test BLEU, limit {limit:.0f} s (throughput: parts 2-11)",
+        f"15. learning: the demo config, {settings.learn_minutes:g} min of training on "
+        f"{settings.device}, then its test BLEU, limit {limit:.0f} s (throughput: parts 2-13)",
     )
     started = time.monotonic()
     run_dir = folder / "demo"
@@ -415,10 +417,10 @@ def core_parts(settings: Settings, report: Report) -> list[Part]:
     return [*parts, Part("decoding", 45, functools.partial(decoding, settings, report))]
 
 
-def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
-    """The optional run, 480 s (under the device's 10 minutes a command): each lever of the
+def extra_parts(settings: Settings, report: Report) -> list[Part]:
+    """The optional run, 420 s (under the device's 10 minutes a command): each lever of the
     base step on and off, Marian beside ours, big compiled, one rank's share of a multi-GPU
-    update, the step as first shipped, every gpu test."""
+    update, the step as first shipped."""
     base, big, eager = settings.base, settings.big, settings.eager
     compiled = f"--columns ours-compiled {settings.compiled}"
     levers = [
@@ -430,39 +432,51 @@ def extra_parts(settings: Settings, report: Report, folder: Path) -> list[Part]:
         for number, name, options in (
             (6, "torch's attention kernels (cuDNN's first)", "--sdpa-backends default"),
             (7, "exact lengths (not rounded)", "--exact-lengths"),
+            (8, "micro-batches of 25,000 padded tokens (two an update)", "--batch-tokens 25000"),
         )
     ]  # fmt: skip
+    eager_loss = bench_part(
+        settings, report, "lever: the loss's chunks eager", 70,
+        f"9. lever, model={base}, trainer.compile=true, ours: the loss's chunks eager (part 3 "
+        "has them compiled)",
+        f"--model {base} --columns ours-compiled-eager-loss {settings.compiled}",
+    )  # fmt: skip
     marian = bench_part(
         settings, report, "ours and Marian base eager", 50,
-        f"8. throughput: model={base}, eager, ours beside transformers' MarianMTModel",
+        f"10. throughput: model={base}, eager, ours beside transformers' MarianMTModel",
         f"--model {base} --columns ours,marian {eager}",
     )  # fmt: skip
     big_compiled = bench_part(
         settings, report, "throughput big compiled", 80,
-        f"9. throughput: model={big}, trainer.compile=true, ours", f"--model {big} {compiled}",
+        f"11. throughput: model={big}, trainer.compile=true, ours", f"--model {big} {compiled}",
     )  # fmt: skip
     share = bench_part(
         settings, report, f"rank share {settings.rank_share} tokens", 80,
-        f"10. one rank's share: model={base}, updates of {settings.rank_share:,} target tokens "
+        f"12. one rank's share: model={base}, updates of {settings.rank_share:,} target tokens "
         f"(the paper's 25,000 over {25_000 / settings.rank_share:.0f} GPUs), eager and compiled",
         f"--model {base} --update-tokens {settings.rank_share} --columns ours,ours-compiled "
         f"{settings.compiled}",
     )  # fmt: skip
     first = bench_part(
         settings, report, "first step base eager", 35,
-        f"11. the step as first shipped (ours-plain) beside today's: model={base}, eager",
+        f"13. the step as first shipped (ours-plain) beside today's: model={base}, eager",
         f"--model {base} --columns ours-plain,ours {eager}",
     )  # fmt: skip
-    tests = functools.partial(
-        correctness, settings, report, "12. correctness: every gpu test", settings.tests
-    )
     big_runs = [big_compiled] if big != base else []  # the rehearsal's big is its base: once
-    return [*levers, marian, *big_runs, share, first, Part("every gpu test", 150, tests)]
+    return [*levers, eager_loss, marian, *big_runs, share, first]
+
+
+def test_parts(settings: Settings, report: Report) -> list[Part]:
+    """The tests run, 150 s: every gpu test."""
+    tests = functools.partial(
+        correctness, settings, report, "14. correctness: every gpu test", settings.tests
+    )
+    return [Part("every gpu test", 150, tests)]
 
 
 def beam_search_vs_transformers(settings: Settings, report: Report, limit: float) -> Outcome:
     """benchmarks/gpu_decoding.py: ours beside transformers' generate, on the same GPU."""
-    section(report, f"14. decoding: ours beside transformers' generate, limit {limit:.0f} s")
+    section(report, f"16. decoding: ours beside transformers' generate, limit {limit:.0f} s")
     rehearsal = ["--rehearsal", "--threads", "1"] if settings.device == "cpu" else []
     command = python_command(
         "-m", "benchmarks.gpu_decoding", "--device", settings.device, *rehearsal
@@ -503,15 +517,15 @@ def user_run_parts(settings: Settings, report: Report, data: str, group: str) ->
     parts = {
         "multi30k": (
             "multi30k gpu recipe", 360, ["benchmarks.gpu_recipe", *given],
-            "15. the Multi30k GPU recipe (multi30k_gpu): train, average, alpha, test BLEU",
+            "17. the Multi30k GPU recipe (multi30k_gpu): train, average, alpha, test BLEU",
         ),
         "multi30k-sweep": (
             "multi30k sweep", 540, ["benchmarks.gpu_recipe", *given, "--sweep-only"],
-            "16. the Multi30k GPU recipe's sweep: one change at a time, valid BLEU",
+            "18. the Multi30k GPU recipe's sweep: one change at a time, valid BLEU",
         ),
         "wmt-hour": (
             "wmt first hour", 540, ["benchmarks.wmt_first_hour"],
-            "17. WMT's first hour on generated data, and 100k updates projected on 1 and 8 GPUs",
+            "19. WMT's first hour on generated data, and 100k updates projected on 1 and 8 GPUs",
         ),
     }  # fmt: skip
     name, limit, arguments, title = parts[group]
@@ -605,13 +619,16 @@ def package_version(name: str) -> str:
 MIN_START = 20.0  # seconds of the budget a part needs left to be started
 
 
-PART_GROUPS = ("core", "extra", "recipes", "decoding", "multi30k", "multi30k-sweep", "wmt-hour")
+PART_GROUPS = (
+    "core", "extra", "tests", "recipes", "decoding", "multi30k", "multi30k-sweep", "wmt-hour"
+)  # fmt: skip
 
 
 def chosen_parts(args, settings: Settings, report: Report, folder: Path) -> list[Part]:
     groups = {
         "core": core_parts(settings, report),
-        "extra": extra_parts(settings, report, folder),
+        "extra": extra_parts(settings, report),
+        "tests": test_parts(settings, report),
         "recipes": recipe_parts(settings, report, folder),
         "decoding": decoding_parts(settings, report),
         **{
@@ -678,8 +695,9 @@ def main() -> int:
         type=part_groups,
         default="core",
         help="core: a subset of the gpu tests and the headline figures, 240 s; extra: the "
-        "optional run, 480 s (the levers on and off, Marian, big compiled, a rank's share, "
-        "every gpu test); recipes: what the recipes learn; decoding: beam search beside "
+        "optional run, 420 s (the levers on and off, Marian, big compiled, a rank's share, "
+        "the step as first shipped); tests: every gpu test, 150 s; recipes: what the recipes "
+        "learn; decoding: beam search beside "
         "transformers' generate, 300 s; multi30k: the Multi30k GPU recipe "
         "end to end, 360 s (--multi30k-dir); multi30k-sweep: its settings by valid BLEU, 540 s; "
         "wmt-hour: WMT's first hour on generated data and the paper run's projection, 540 s; "

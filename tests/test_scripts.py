@@ -222,27 +222,29 @@ BUSY = re.compile(r"([\d.]+) s wall, busy ([\d.]+) s")
 
 @pytest.mark.slow
 def test_the_cpu_rehearsal_runs_every_part(tmp_path):
-    """Every part of the core, optional and recipes runs, as small as the rehearsal makes them,
-    on the CPU: each ends ok, each bench_train run prints its figures as it measures them (the
+    """Every part of the core, optional, tests and recipes runs, as small as the rehearsal makes
+    them, on the CPU: each ends ok, each bench_train run prints its figures as it measures them (the
     warm-up, then each pass), and the profile's busy time is within its wall time. Slow: about
     210 s alone on a 2-core machine, most of it compiling the tiny model (its big and base are
-    both tiny, so the big parts are left out: 11 parts, not the GPU's 13). The decoding run
+    both tiny, so the big parts are left out: 13 parts, not the GPU's 15). The decoding run
     is rehearsed apart (below), and the runs of their own (the Multi30k GPU recipe, its sweep,
     WMT's first hour) by tests/test_gpu_rehearsals.py."""
     output = tmp_path / "gpu.txt"
     done = run(
-        "bash", "benchmarks/gpu_check.sh", "--rehearse-on-cpu", "--parts", "core,extra,recipes",
-        "--output", str(output), "--log", str(tmp_path / "gpu_check.log"), timeout=900,
+        "bash", "benchmarks/gpu_check.sh", "--rehearse-on-cpu",
+        "--parts", "core,extra,tests,recipes", "--output", str(output),
+        "--log", str(tmp_path / "gpu_check.log"), timeout=900,
     )  # fmt: skip
     report = output.read_text()
     assert done.returncode == 0, report[-3000:]
     summary = report[report.index("== summary") :].splitlines()[1:-1]
-    assert len(summary) == 11 and all(" ok, " in line for line in summary), summary
+    assert len(summary) == 13 and all(" ok, " in line for line in summary), summary
     profiles = BUSY.findall(report)
     assert len(profiles) == 2, profiles  # parts 2 and 3: eager and compiled
     assert all(float(busy) <= float(wall) for wall, busy in profiles), profiles
+    assert report.count("    copies and casts: ") == 2, report  # by what asked for them
     runs = report.count("2 passes over them")
-    assert runs == 7 and report.count(".. pass 1: target tok/s") == runs, report
+    assert runs == 9 and report.count(".. pass 1: target tok/s") == runs, report
 
 
 DECODING_ROW = re.compile(r"  (ours|transformers generate).* sent/s +[\d,]+ target tok/s")

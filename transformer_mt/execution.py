@@ -288,7 +288,8 @@ def compile_repeated_layers(model: nn.Module) -> None:
     Transformer's `repeated_layers()`, its encoder and decoder layers). The layers of a stack
     share their code, so Dynamo traces one encoder layer and one decoder layer, and their
     graphs serve every layer of the stack, where the whole step compiled as one graph traced
-    all twelve; the embeddings, the final norms and the chunked loss stay eager. Dynamic
-    shapes: a new batch shape reuses the graphs."""
+    all twelve; the embeddings and the final norms stay eager (the loss compiles its chunks'
+    passes itself: loss.TrainingLoss.as_policy_runs). Dynamic shapes: a new batch shape
+    reuses the graphs."""
     for layer in model.repeated_layers():
         layer.compile(dynamic=True)

@@ -137,3 +137,39 @@ def test_default_chunks_are_whole_row_steps(vocab_size, expected):
     # 453 rows would be padded to 512 for every chunk's products; at least one step.
     chunk = default_chunk_tokens(torch.device("cpu"), vocab_size)
     assert chunk == expected and chunk % ROW_STEP == 0
+
+
+@pytest.mark.slow  # torch.compile's code generation on the CPU
+def test_compiled_chunks_equal_the_plain_loss_in_fp32_and_within_bf16_rounding():
+    # The policy compiles each chunk's passes over its logits where it compiles the model
+    # (softmax_terms); in fp32 they equal the plain loss as the eager ones do, and under bf16
+    # autocast they stay within bf16's rounding of it, as the eager ones do (test above).
+    (plain, h_plain, w_plain), (ours, h_ours, w_ours) = plain_and_projected(
+        chunk_tokens=4, drop_padding=False, compiled=True
+    )
+    torch.testing.assert_close(ours.loss, plain.loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(h_ours, h_plain, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(w_ours, w_plain, rtol=1e-5, atol=1e-6)
+    torch.manual_seed(3)
+    hidden, weight = torch.randn(4, 9, 32), torch.randn(40, 32) * 32**-0.5
+    target = torch.randint(1, 40, (4, 9))
+    target[3, 5:] = 0
+    results = []
+    for compiled in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            sums = projected_loss(
+                h, w, target, epsilon=0.1, pad_id=0, chunk_tokens=5, compiled=compiled
+            )
+        sums.loss.backward()
+        results.append((sums.loss.detach(), sums.nll, h.grad, w.grad))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits = F.linear(hidden, weight)
+    reference = label_smoothed_loss(logits, target, epsilon=0.1, pad_id=0)
+    (eager, eager_nll, h_eager, w_eager), (fused, fused_nll, h_fused, w_fused) = results
+    torch.testing.assert_close(fused, reference.loss, rtol=2e-3, atol=0)
+    torch.testing.assert_close(fused_nll, reference.nll, rtol=2e-3, atol=0)
+    # the same bf16 products on both sides: only fp32 summation order may differ
+    torch.testing.assert_close(fused, eager, rtol=1e-5, atol=0)
+    assert (h_fused - h_eager).abs().max() <= 1e-2 * h_eager.abs().max()
+    assert (w_fused - w_eager).abs().max() <= 1e-2 * w_eager.abs().max()

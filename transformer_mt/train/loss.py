@@ -20,13 +20,17 @@ their row sums, and for the gradient the division that makes them the softmax (a
 autocast, the cast of the gradient to the matmuls' dtype); logsumexp would allocate a
 (chunk x V) temporary of its own. The plain loss makes about ten passes over the whole
 (tokens x V) in fp32 and keeps several of them alive at once (benchmarks/bench_loss.py times the
-two).
+two). Where the execution policy compiles, each chunk's passes over its logits go through
+torch.compile (`softmax_terms`), which fuses them into about two reads of the logits in their
+bf16 and one write of the bf16 gradient (make gpu-check times the step with them compiled and
+eager: benchmarks/gpu_check.py).
 `label_smoothed_loss` is that plain form over given logits: the reference the tests hold
 `projected_loss` to.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_mt import onednn
+from transformer_mt.execution import CpuProducts, ExecutionPolicy
 
 # Logits held at once: chunks of about this many elements (64 MiB of fp32 on a CPU), so that a
 # chunk stays small next to the model while its matmuls are still large.
@@ -78,6 +83,7 @@ def projected_loss(
     chunk_tokens: int | None = None,
     drop_padding: bool | None = None,
     by_onednn: bool = False,
+    compiled: bool = False,
 ) -> LossSums:
     """The sums of `label_smoothed_loss(hidden @ weight.T, target)` without its logits.
 
@@ -89,7 +95,9 @@ def projected_loss(
     never reaches the projection; on a GPU that selection would wait for the device (its size
     is data), so there padded positions go through with weight 0 instead. by_onednn: the
     chunks' float32 products by oneDNN's kernel (the execution policy's choice on the CPU:
-    ExecutionPolicy.cpu_products), with the weight reordered once for all the chunks."""
+    ExecutionPolicy.cpu_products), with the weight reordered once for all the chunks.
+    compiled: each chunk's passes over its logits through torch.compile (`softmax_terms`),
+    where the policy compiles."""
     keep = target != pad_id
     if drop_padding is None:
         drop_padding = hidden.device.type == "cpu"
@@ -104,7 +112,16 @@ def projected_loss(
     wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(hidden.device.type, enabled=False):
         loss, nll = ProjectedLoss.apply(
-            tokens, weight, references, weights, epsilon, chunk_tokens, dtype, wants_grad, by_onednn
+            tokens,
+            weight,
+            references,
+            weights,
+            epsilon,
+            chunk_tokens,
+            dtype,
+            wants_grad,
+            by_onednn,
+            compiled,
         )
     return LossSums(loss, nll, keep.sum())
 
@@ -132,6 +149,38 @@ def chunk_products(
     )
 
 
+def softmax_terms(
+    logits: Tensor, references: Tensor, epsilon: float, wants_grad: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A chunk's logits (c, V), in the products' dtype, and its references (c,) -> the logits'
+    log-sum-exp (c,) and the references' logits (c,), in fp32, and, when wants_grad, the
+    gradient of the loss by the logits less its uniform eps / V (c, V), in the logits' dtype:
+    softmax - (1 - eps) * onehot(reference), the reference's share taken off in fp32 before the
+    cast (ProjectedLoss puts the eps / V on its (c, D) and (V, D) results instead).
+
+    Eagerly its passes over (c, V) work in place on the logits' fp32 copy (on the logits
+    themselves when they are fp32: they are spent); compiled (`compiled_softmax_terms`) they fuse into about two reads of the logits
+    and one write of the gradient."""
+    z = logits.float()
+    reference = z.gather(1, references[:, None]).squeeze(1)
+    top = z.amax(dim=-1, keepdim=True)
+    exps = z.sub_(top).exp_()  # exp(z - max z)
+    total = exps.sum(dim=-1, keepdim=True)
+    lse = (top + total.log()).squeeze(1)
+    if not wants_grad:
+        return lse, reference, None
+    softmax = exps.div_(total)
+    at_reference = softmax.gather(1, references[:, None]) - (1.0 - epsilon)
+    grad_z = softmax.to(logits.dtype)
+    return lse, reference, grad_z.scatter_(1, references[:, None], at_reference.to(logits.dtype))
+
+
+@functools.cache
+def compiled_softmax_terms() -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
+    """`softmax_terms` through torch.compile (once per process), any number of tokens a chunk."""
+    return torch.compile(softmax_terms, dynamic=True)
+
+
 class ProjectedLoss(torch.autograd.Function):
     """(N, D) hidden states, (V, D) weight, (N,) references, (N,) 0/1 weights or None (all 1)
     -> (loss sum, nll sum), with the gradients computed in forward (see the module's
@@ -149,6 +198,7 @@ class ProjectedLoss(torch.autograd.Function):
         dtype,
         wants_grad,
         by_onednn,
+        compiled,
     ):
         # wants_grad: given by the caller, as forward runs with grad mode off and needs_input_grad
         # says only what requires a gradient, not whether one will be taken (validation).
@@ -157,6 +207,7 @@ class ProjectedLoss(torch.autograd.Function):
         weight_c = weight.to(compute)
         by_onednn = by_onednn and compute == torch.float32
         logits_of, grad_of = chunk_products(weight_c, by_onednn, wants_grad)
+        terms = compiled_softmax_terms() if compiled else softmax_terms
         mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
         loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
         nll = torch.zeros_like(loss)
@@ -170,12 +221,7 @@ class ProjectedLoss(torch.autograd.Function):
             if w is not None:  # a padded position: no share of the loss or of any gradient
                 h = h * w[:, None]
             h_c = h.to(compute)
-            logits = logits_of(h_c).float()  # (c, V)
-            reference = logits.gather(1, y[:, None]).squeeze(1)
-            top = logits.amax(dim=-1, keepdim=True)
-            exps = logits.sub_(top).exp_()  # exp(z - max z), in place: the logits are spent
-            total = exps.sum(dim=-1, keepdim=True)
-            lse = (top + total.log()).squeeze(1)  # log-sum-exp of the logits
+            lse, reference, grad_z = terms(logits_of(h_c), y, epsilon, wants_grad)
             chunk_nll = lse - reference
             h32 = h.float()
             chunk_uniform = lse - h32 @ mean_row
@@ -185,12 +231,8 @@ class ProjectedLoss(torch.autograd.Function):
             loss += (1.0 - epsilon) * chunk_nll.sum() + epsilon * chunk_uniform.sum()
             if not wants_grad:
                 continue
-            # d loss_i / d z = softmax - (1 - eps) * onehot(y) - eps / V: the reference's share
-            # is taken off in fp32 before any cast (one element per token), the uniform eps / V
-            # goes onto the (c, D) and (V, D) results instead of a pass over the (c, V) logits.
-            grad_z = exps.div_(total)  # the softmax
-            grad_z[torch.arange(len(y), device=y.device), y] -= 1.0 - epsilon
-            grad_z = grad_z.to(compute)
+            # the uniform eps / V of d loss_i / d z goes onto the (c, D) and (V, D) results
+            # instead of a pass over the (c, V) logits
             grad_h = grad_of(grad_z).float() - epsilon * mean_row
             if w is not None:
                 grad_h *= w[:, None]
@@ -214,21 +256,46 @@ class ProjectedLoss(torch.autograd.Function):
         return (
             (grad_tokens * grad_loss).to(tokens_dtype) if ctx.needs_input_grad[0] else None,
             (grad_weight * grad_loss).to(weight_dtype) if ctx.needs_input_grad[1] else None,
-            *(None,) * 7,  # references, weights, epsilon, chunk_tokens, dtype, wants_grad, onednn
+            *(None,) * 8,  # references, weights, epsilon, chunk_tokens, dtype, wants_grad, ...
         )
 
 
 class TrainingLoss(torch.nn.Module):
     """The model and its loss as one module, (src, tgt_in, tgt_out) -> LossSums: what
     DistributedDataParallel wraps and torch.compile compiles, so that the compiled region runs up
-    to the loss. The chunked projection itself stays eager (its token selection and chunk loop
-    have data-dependent shapes); it is one call at the end of the graph. by_onednn: its
-    products by oneDNN's kernel (`projected_loss`), as the execution policy says."""
+    to the loss. The chunked projection itself stays out of the model's graphs (its token
+    selection and chunk loop have data-dependent shapes); it is one call at the end. by_onednn:
+    its products by oneDNN's kernel; compiled: its chunks' passes over the logits through
+    torch.compile (`projected_loss`); both as the execution policy says."""
 
-    def __init__(self, model, *, epsilon: float, pad_id: int, by_onednn: bool = False):
+    def __init__(
+        self,
+        model,
+        *,
+        epsilon: float,
+        pad_id: int,
+        by_onednn: bool = False,
+        compiled: bool = False,
+    ):
         super().__init__()
         self.model = model
-        self.epsilon, self.pad_id, self.by_onednn = epsilon, pad_id, by_onednn
+        self.epsilon, self.pad_id = epsilon, pad_id
+        self.by_onednn, self.compiled = by_onednn, compiled
+
+    @classmethod
+    def as_policy_runs(
+        cls, model, policy: ExecutionPolicy, *, epsilon: float, pad_id: int
+    ) -> TrainingLoss:
+        """`model` and its loss as `policy` runs a training step: its kernels and compiled
+        layers (ExecutionPolicy.with_kernels), the loss's products by oneDNN where the policy
+        takes them, and its chunks compiled where the policy compiles."""
+        return cls(
+            policy.with_kernels(model),
+            epsilon=epsilon,
+            pad_id=pad_id,
+            by_onednn=policy.cpu_products == CpuProducts.onednn,
+            compiled=policy.compile,
+        )
 
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> LossSums:
         hidden = self.model.decode_hidden(tgt_in, self.model.encode(src))
@@ -239,6 +306,7 @@ class TrainingLoss(torch.nn.Module):
             epsilon=self.epsilon,
             pad_id=self.pad_id,
             by_onednn=self.by_onednn,
+            compiled=self.compiled,
         )
 
 

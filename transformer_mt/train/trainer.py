@@ -31,7 +31,7 @@ from transformer_mt.data.batching import (
 )
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.execution import CpuProducts, ExecutionPolicy
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.checkpointer import Checkpointer, TrainingParts
@@ -80,11 +80,8 @@ class Trainer:
         self.model = record.build_model().to(self.device)
         # The model and its loss, with the policy's kernels and compiled layers, as a
         # micro-batch runs them (validation's loss runs it too); under DDP with several ranks.
-        self.loss_module = TrainingLoss(
-            policy.with_kernels(self.model),
-            epsilon=cfg.optim.label_smoothing,
-            pad_id=PAD_ID,
-            by_onednn=policy.cpu_products == CpuProducts.onednn,
+        self.loss_module = TrainingLoss.as_policy_runs(
+            self.model, policy, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
         )
         self.train_model = self.distributed(self.loss_module)
         if policy.compile and self.ranks.is_main:
