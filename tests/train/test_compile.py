@@ -4,19 +4,21 @@ micro-batch equal to an eager one, and shapes that stop making new graphs."""
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
+from torch._inductor.utils import run_and_get_code
 
 from transformer_mt import execution
 from transformer_mt.commands.train import train
-from transformer_mt.config import ModelConfig, TrainerConfig, compile_setting
+from transformer_mt.config import ModelConfig, Precision, TrainerConfig, compile_setting
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy, should_compile
-from transformer_mt.model import Transformer
+from transformer_mt.model import EncoderLayer, Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train import compiling
 from transformer_mt.train.compiling import CompileCounts
@@ -142,6 +144,31 @@ def test_compiled_layers_equal_eager_ones_and_every_layer_shares_their_graphs():
     # traced once with dynamic shapes: no layer after the first of its stack, no later chunk,
     # and no later shape, compiles again.
     assert graphs[0].graphs == 3 and graphs[-1] == graphs[0], graphs
+
+
+@pytest.mark.slow
+def test_a_compiled_layer_fuses_its_residual_add_dropout_and_layer_norm_forward_and_backward():
+    # The elementwise half of an eager step (issue 46): per sublayer a dropout mask, its product,
+    # the residual add, LayerNorm and autocast's casts, each its own pass. Compiled, each
+    # sublayer's add, dropout and LayerNorm are one kernel forward (their casts with them), and
+    # the backwards of dropout and LayerNorm one kernel too (Inductor names a kernel by the
+    # operators it fuses).
+    cfg = ModelConfig(d_model=32, n_heads=4, d_ff=64, dropout=0.1)
+    layer = EncoderLayer(cfg).train()
+    x = torch.randn(4, 10, 32, requires_grad=True)
+    keep = torch.ones(4, 10, dtype=torch.bool)
+    compiled = torch.compile(layer, dynamic=True)
+
+    def step():
+        with ExecutionPolicy.for_training(TrainerConfig(precision=Precision.bf16), CPU).forward():
+            out = compiled(x, keep)
+        out.sum().backward()
+
+    torch._dynamo.reset()
+    _, (forward, backward) = run_and_get_code(step)
+    fused = "add_native_dropout_native_layer_norm"
+    assert len(set(re.findall(rf"cpp_fused_\w*{fused}\w*", forward))) == 2, forward  # 2 sublayers
+    assert re.search(r"cpp_fused_\w*native_dropout_backward_native_layer_norm_backward", backward)
 
 
 def test_recompiles_are_counted_and_warned_about_at_the_limit(caplog):

@@ -159,8 +159,8 @@ def softmax_terms(
     cast (ProjectedLoss puts the eps / V on its (c, D) and (V, D) results instead).
 
     Eagerly its passes over (c, V) work in place on the logits' fp32 copy (on the logits
-    themselves when they are fp32: they are spent); compiled (`compiled_softmax_terms`) they fuse into about two reads of the logits
-    and one write of the gradient."""
+    themselves when they are fp32: they are spent); compiled (`compiled_softmax_terms`) they
+    fuse into about two reads of the logits and one write of the gradient."""
     z = logits.float()
     reference = z.gather(1, references[:, None]).squeeze(1)
     top = z.amax(dim=-1, keepdim=True)
