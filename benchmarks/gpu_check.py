@@ -53,6 +53,11 @@ padded shapes, peak memory. The limits come from the first GPU run (benchmarks/g
 2026-12-04: bench_train's set-up took longer than the 22 s its parts had then, and its table
 came at the end); they are not yet timed on a GPU in this form.
 
+The parts of one run share a compiler cache made new with it (TORCHINDUCTOR_CACHE_DIR, in the
+temporary folder): the first compiled part's warm-up compiles from nothing, as a new training
+run does, and later compiled parts reuse the kernels of the layers it compiled, as a resumed run
+does (a run of the extra parts alone compiles its first compiled part from nothing).
+
 Everything measured goes to GPU_CHECK_OUTPUT (benchmarks/gpu.txt, appended: every run keeps its
 section) as each part ends, and to stdout; the full output of every command to GPU_CHECK_LOG
 (gpu_check.log in the temporary folder). The GPU name, driver, torch version and date head the
@@ -87,6 +92,7 @@ import torch
 
 from benchmarks.measure import report_header, run_command
 from transformer_mt.torch_builds import nvidia_smi
+from transformer_mt.train.compiling import CACHE_SETTING
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 3  # --probe's exit status without a GPU; gpu_check.sh turns it into 0
@@ -661,6 +667,14 @@ def check(args) -> int:
         limits = [settings.limit or part.limit for part in parts]
         budget = Budget(args.budget if args.budget is not None else sum(limits))
         header(report, args, budget.seconds)
+        # One compiler cache for the check's parts, new with it (a cache set in the environment
+        # is not used): the first compiled part compiles from nothing, as a new run does; the
+        # later ones find the kernels of the layers it compiled, as a resumed run does.
+        os.environ[CACHE_SETTING] = str(Path(folder) / "compile-cache")
+        report.line(
+            "# torch.compile's cache: new with this run, shared by its parts (the first "
+            "compiled part's warm-up compiles from nothing; later ones reuse its kernels)"
+        )
         for part, limit in zip(parts, limits, strict=True):
             if budget.left() < MIN_START:
                 left = max(budget.left(), 0.0)

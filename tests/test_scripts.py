@@ -225,7 +225,7 @@ def test_the_cpu_rehearsal_runs_every_part(tmp_path):
     """Every part of the core, optional, tests and recipes runs, as small as the rehearsal makes
     them, on the CPU: each ends ok, each bench_train run prints its figures as it measures them (the
     warm-up, then each pass), and the profile's busy time is within its wall time. Slow: about
-    210 s alone on a 2-core machine, most of it compiling the tiny model (its big and base are
+    140 s alone on a 2-core machine, most of it compiling the tiny model (its big and base are
     both tiny, so the big parts are left out: 13 parts, not the GPU's 15). The decoding run
     is rehearsed apart (below), and the runs of their own (the Multi30k GPU recipe, its sweep,
     WMT's first hour) by tests/test_gpu_rehearsals.py."""
