@@ -119,6 +119,7 @@ from transformer_mt.train.trainer import Trainer
 OURS, MARIAN, MARIAN_EAGER = "ours", "marian", "marian eager-attn"
 OURS_PLAIN, OURS_COMPILED = "ours plain", "ours compiled"
 OURS_COMPILED_EAGER_LOSS = "ours compiled, loss eager"
+COMPILED_KINDS = (OURS_COMPILED, OURS_COMPILED_EAGER_LOSS)  # trainer.compile=true
 # --columns: what each name runs (ours: the trainer as configured, with its chunked loss).
 COLUMNS = {
     "ours-plain": OURS_PLAIN,  # the step before issue 25: the whole fp32 logits, torch's dropout
@@ -204,10 +205,16 @@ class OursRunner:
     """Our model, trained through the real Trainer; `plain`: the step as it was before the
     trainer's loss was chunked, its CPU dropout drew cheaper masks and its CPU products took
     oneDNN's kernel (issue 25): the loss over the whole logits in fp32 (label_smoothed_loss),
-    torch's own nn.Dropout and F.linear (trainer.cpu_linear=torch)."""
+    torch's own nn.Dropout and F.linear (trainer.cpu_linear=torch). `eager_loss_chunks`: the
+    loss's chunks eager where the policy would compile them (a lever of make gpu-check)."""
 
     def __init__(
-        self, job: TrainJob, data: PreparedData, device: torch.device, plain: bool = False
+        self,
+        job: TrainJob,
+        data: PreparedData,
+        device: torch.device,
+        plain: bool = False,
+        eager_loss_chunks: bool = False,
     ):
         if plain:
             job.trainer.cpu_linear = CpuLinear.torch
@@ -215,10 +222,12 @@ class OursRunner:
         self.trainer = Trainer(job, RunDir(job.run_dir), data, policy)
         self.model = self.trainer.model
         self.label = "transformer_mt"
+        if eager_loss_chunks:
+            self.trainer.loss_module.compiled_chunks = False
         if plain:
             use_torch_dropout(self.model)
             loss = PlainLoss(self.model, job.optim.label_smoothing)
-            # compiled as the trainer compiles its own loss module (--compile)
+            # with --compile, the whole step through torch.compile, as the trainer compiled it then
             compiled = self.trainer.policy.compile
             self.trainer.train_model = torch.compile(loss, dynamic=True) if compiled else loss
 
@@ -344,13 +353,17 @@ def worker(
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]
-    if kind in (OURS, OURS_PLAIN, OURS_COMPILED, OURS_COMPILED_EAGER_LOSS):
-        if kind in (OURS_COMPILED, OURS_COMPILED_EAGER_LOSS):
+    if kind in (OURS, OURS_PLAIN, *COMPILED_KINDS):
+        if kind in COMPILED_KINDS:
             job.trainer.compile = "true"
         data = data if data is not None else prepare(job.data)
-        runner = OursRunner(job, data, device, plain=kind == OURS_PLAIN)
-        if kind == OURS_COMPILED_EAGER_LOSS:
-            runner.trainer.loss_module.compiled = False
+        runner = OursRunner(
+            job,
+            data,
+            device,
+            plain=kind == OURS_PLAIN,
+            eager_loss_chunks=kind == OURS_COMPILED_EAGER_LOSS,
+        )
     else:
         attention = "eager" if kind == MARIAN_EAGER else "sdpa"
         runner = MarianRunner(job, vocab_size, device, attention)
@@ -728,9 +741,7 @@ def max_padded(steps: list[list[Batch]]) -> int:
 
 
 def compiles(kind: str, args) -> bool:
-    return kind in (OURS_COMPILED, OURS_COMPILED_EAGER_LOSS) or (
-        args.compile and kind in (OURS, OURS_PLAIN)
-    )
+    return kind in COMPILED_KINDS or (args.compile and kind in (OURS, OURS_PLAIN))
 
 
 def rounds_lengths(kind: str, job: TrainJob, device: torch.device, args) -> bool:

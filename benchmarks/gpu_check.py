@@ -200,7 +200,7 @@ class Budget:
 RANK_SHARE = 3125  # one rank's target tokens of a 25,000-token update at NPROC=8
 # The gpu tests the core run takes: the SDPA comparisons at two lengths (one where cuDNN's key
 # tiles end half full), beam search GPU = CPU, bitwise resume with the CUDA RNG. Every gpu test
-# runs in the optional run.
+# runs in the tests run.
 CORE_TESTS = ("-k", "64 or 200 or finds_what_it_finds or resume_on_cuda")
 
 
@@ -218,7 +218,7 @@ class Settings:
     decode: str  # bench_decode's options
     learn_minutes: float
     core_tests: tuple[str, ...] = CORE_TESTS  # pytest's arguments for the core run's tests
-    tests: tuple[str, ...] = ()  # and for the optional run's (every gpu test)
+    tests: tuple[str, ...] = ()  # and for the tests run's (every gpu test)
     learn: str = ""  # tmt-train's overrides beyond the demo config and the check's own
     evaluate: str = ""  # tmt-eval's overrides
     limit: float | None = None  # every part's limit instead of its own (the rehearsal's)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # make gpu-check: the CUDA path, a core run of at most 4 minutes (the tests and the headline
-# figures; --parts extra: the optional second run, about 8 minutes; benchmarks/gpu_check.py says
-# what each part measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's
+# figures; --parts tests: every gpu test, 150 s; --parts extra: the optional run, 420 s;
+# benchmarks/gpu_check.py says what each part measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's
 # output in GPU_CHECK_LOG. Without a CUDA GPU it says so in one line and exits 0.
 #
 #   bash benchmarks/gpu_check.sh                 # python: PYTHON, else .venv/bin/python, else python3
+#   bash benchmarks/gpu_check.sh --parts core,tests # the core run and every gpu test, 390 s
 #   bash benchmarks/gpu_check.sh --parts extra      # the optional run (make gpu-check ARGS=...)
 #   bash benchmarks/gpu_check.sh --rehearse-on-cpu --parts all   # every part, small, on the CPU
 #   bash benchmarks/gpu_check.sh --prepare-wheels   # where pip reaches PyPI: fill .whl/ (see below)

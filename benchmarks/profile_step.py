@@ -14,9 +14,10 @@ busy time is the operators' own time on the calling thread, which never exceeds 
 
 Copies and casts (aten::copy_: autocast's casts to bf16 and their gradients' casts back, dtype
 promotions, contiguous copies) are then summed by what asked for them (`copy_origin`: the
-operator above the copy, or the backward it runs in) with their dtypes, so that a profile
-says which copies there are, not only how long `direct_copy_kernel` ran. On the CPU, bf16
-autocast, model=base (1 micro-batch an update), they were per update: 126 casts to bf16 in
+operators above the copy, or the backward it runs in), so that a profile says which copies
+there are, not only how long `direct_copy_kernel` ran. On the CPU, bf16 autocast, model=base
+(1 micro-batch an update; their dtypes recorded once with record_shapes), they were per
+update: 126 casts to bf16 in
 aten::linear (90 weights and biases, 36 activations: the fp32 outputs of LayerNorm and the
 encoder's output, which each of the 6 decoder layers casts again for its keys and values), the
 126 casts of their gradients back to fp32 (ToCopyBackward0), and 30 promotions of the residual
@@ -143,10 +144,10 @@ BACKWARD = "autograd::engine::evaluate_function: "
 
 
 def copy_origin(event: FunctionEvent) -> str:
-    """What asked for the copy `event` (an aten::copy_): its nearest ancestor that is not a
-    mere carrier of copies (COPY_CARRIERS), with the autograd function it runs under when that
-    is a backward (e.g. "ToCopyBackward0": the gradient of a cast, cast back), and the
-    module-level operator above that (e.g. "aten::linear" for autocast's cast of a weight)."""
+    """What asked for the copy `event` (an aten::copy_): in a backward, the autograd function
+    it runs in ("backward of ToCopyBackward0": the gradient of a cast, cast back); otherwise its
+    two nearest ancestors that are not mere carriers of copies (COPY_CARRIERS), e.g. "aten::linear
+    < ProfilerStep*" for autocast's cast of a linear layer's weight or input."""
     names = []
     parent = event.cpu_parent
     while parent is not None:
@@ -161,29 +162,30 @@ def copy_origin(event: FunctionEvent) -> str:
     return " < ".join(outer[:2])
 
 
-def copy_dtypes(event: FunctionEvent) -> str:
-    """ ", float <- bf16" for an aten::copy_(self, src) whose dtypes the profiler recorded."""
-    dtypes = [SHORT_DTYPES.get(name, name) for name in (event.input_dtypes or [])[:2]]
-    if len(dtypes) < 2 or not all(dtypes):
-        return ""
-    return f", {dtypes[0]} <- {dtypes[1]}"
-
-
-SHORT_DTYPES = {"c10::BFloat16": "bf16", "c10::Half": "fp16", "float": "fp32", "double": "fp64"}
-
-
 def copies_by_origin(events: Iterable[FunctionEvent], on_gpu: bool) -> list[tuple[str, float, int]]:
-    """Copies (on a GPU their kernels, on the CPU the copy operators' own time) by copy_origin."""
+    """Copies by copy_origin: on a GPU their kernels, named after it (bfloat16_copy_kernel_cuda:
+    fp32 to bf16; direct_copy_kernel_cuda: any other, bf16 to fp32 among them), on the CPU the
+    copy operators' own time. (Their dtypes would need record_shapes, whose cost on the host
+    would change how busy the profile finds the GPU.)"""
     timed = []
     for event in events:
         if event.name != "aten::copy_" or event.is_user_annotation:
             continue
-        origin = copy_origin(event) + copy_dtypes(event)
+        origin = copy_origin(event)
         if on_gpu:
-            timed += [(origin, kernel.duration) for kernel in event.kernels]
+            timed += [
+                (f"{origin}: {copy_kernel(kernel.name)}", kernel.duration)
+                for kernel in event.kernels
+            ]
         else:
             timed.append((origin, event.self_cpu_time_total))
     return totals(timed)
+
+
+def copy_kernel(name: str) -> str:
+    """A copy kernel's own name out of its template's ("direct_copy_kernel_cuda")."""
+    found = re.search(r"\w*copy\w*_cuda|\w*[Mm]emcpy\w*", name)
+    return found.group(0) if found else name[:40]
 
 
 def profile_update(update: Callable[[], object], device: torch.device, top: int = 8) -> StepProfile:
@@ -199,7 +201,7 @@ def profile_update(update: Callable[[], object], device: torch.device, top: int 
         return time.perf_counter()
 
     plan = schedule(wait=SKIPPED, warmup=WARMUP, active=PROFILED, repeat=1)
-    with profile(activities=activities, schedule=plan, record_shapes=True) as profiler:
+    with profile(activities=activities, schedule=plan) as profiler:
         for number in range(steps):
             if number == SKIPPED + WARMUP:
                 started = wait_for_device()

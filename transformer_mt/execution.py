@@ -5,7 +5,8 @@ anything is written: the precision autocast computes in, the attention kernels
 F.scaled_dot_product_attention may use and in which order, whether torch.compile runs, which
 kernel multiplies the linear layers on the CPU, and whether batch lengths are rounded to few
 shapes. Training, validation and every search take it: `forward()` is the one context a forward
-pass runs in, `with_kernels` the one way a model gets the policy's kernels and compiler. Nothing
+pass runs in, `with_kernels` the one way a model gets the policy's kernels and compiled layers
+(the training loss reads the policy for its own chunks: loss.TrainingLoss.for_policy). Nothing
 else in the package enters autocast, SDPA-kernel or oneDNN contexts (the loss turns autocast off
 around its own products, whose precision the policy gives it: train/loss.py).
 
@@ -289,7 +290,7 @@ def compile_repeated_layers(model: nn.Module) -> None:
     share their code, so Dynamo traces one encoder layer and one decoder layer, and their
     graphs serve every layer of the stack, where the whole step compiled as one graph traced
     all twelve; the embeddings and the final norms stay eager (the loss compiles its chunks'
-    passes itself: loss.TrainingLoss.as_policy_runs). Dynamic shapes: a new batch shape
+    passes itself: loss.TrainingLoss.for_policy). Dynamic shapes: a new batch shape
     reuses the graphs."""
     for layer in model.repeated_layers():
         layer.compile(dynamic=True)

@@ -185,14 +185,15 @@ def test_a_one_rank_nccl_ddp_run_equals_the_plain_run(tiny_train_job, tmp_path, 
 
 
 def test_compiled_layers_train_on_cuda_and_auto_stays_eager(tiny_train_job, caplog):
-    # trainer.compile=true on CUDA: each repeated layer compiled (2 graphs: an encoder and a
-    # decoder layer), lengths rounded to few shapes, and the run trains to a finite state; auto
-    # stays eager until make gpu-check measures the compiled step faster (execution.py).
+    # trainer.compile=true on CUDA: each repeated layer compiled and the loss's chunks (3
+    # graphs: an encoder layer, a decoder layer, a chunk's softmax_terms), lengths rounded to
+    # few shapes, and the run trains to a finite state; auto stays eager until make gpu-check
+    # measures the compiled step faster (execution.py).
     compiled = ["trainer.device=cuda", "trainer.compile=true", *QUICK, "trainer.log_every=1"]
     job = tiny_train_job(*compiled)
     with caplog.at_level(logging.INFO):
         state = load(train(job))
-    assert "torch.compile by update 1: 2 graph(s) compiled" in caplog.text
+    assert "torch.compile by update 1: 3 graph(s) compiled" in caplog.text
     assert "the first update took" in caplog.text
     assert all(torch.isfinite(tensor).all() for tensor in state["model"].values())
     policy = ExecutionPolicy.for_training(tiny_train_job(*QUICK).trainer, CUDA)

@@ -124,7 +124,7 @@ def test_compiled_layers_equal_eager_ones_and_every_layer_shares_their_graphs():
     model = tiny_model()
     eager = TrainingLoss(model, epsilon=0.1, pad_id=0)
     policy = ExecutionPolicy.for_training(TrainerConfig(compile="true"), CPU)
-    compiled = TrainingLoss.as_policy_runs(model, policy, epsilon=0.1, pad_id=0)
+    compiled = TrainingLoss.for_policy(model, policy, epsilon=0.1, pad_id=0)
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
@@ -142,7 +142,7 @@ def test_compiled_layers_equal_eager_ones_and_every_layer_shares_their_graphs():
         graphs.append(CompileCounts.now())
     # One graph for the encoder's layers, one for the decoder's and one for the loss's chunks,
     # traced once with dynamic shapes: no layer after the first of its stack, no later chunk,
-    # and no later shape, compiles again.
+    # and no later shape of these batches, compiles again.
     assert graphs[0].graphs == 3 and graphs[-1] == graphs[0], graphs
 
 

@@ -145,11 +145,24 @@ def test_compiled_chunks_equal_the_plain_loss_in_fp32_and_within_bf16_rounding()
     # (softmax_terms); in fp32 they equal the plain loss as the eager ones do, and under bf16
     # autocast they stay within bf16's rounding of it, as the eager ones do (test above).
     (plain, h_plain, w_plain), (ours, h_ours, w_ours) = plain_and_projected(
-        chunk_tokens=4, drop_padding=False, compiled=True
+        chunk_tokens=4, drop_padding=False, compiled_chunks=True
     )
     torch.testing.assert_close(ours.loss, plain.loss, rtol=1e-6, atol=0)
     torch.testing.assert_close(h_ours, h_plain, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(w_ours, w_plain, rtol=1e-5, atol=1e-6)
+    generator = torch.Generator().manual_seed(0)  # plain_and_projected's hidden, weight, target
+    hidden, weight = (
+        torch.randn(3, 7, 16, generator=generator),
+        torch.randn(23, 16, generator=generator),
+    )
+    target = torch.randint(1, 23, (3, 7), generator=generator)
+    target[1, 3:] = 0
+    target[2, 1:] = 0
+    with torch.no_grad():  # validation's graph: no gradient
+        sums = projected_loss(
+            hidden, weight * 16**-0.5, target, epsilon=0.1, pad_id=0, compiled_chunks=True
+        )
+    torch.testing.assert_close(sums.loss, plain.loss.detach(), rtol=1e-6, atol=0)
     torch.manual_seed(3)
     hidden, weight = torch.randn(4, 9, 32), torch.randn(40, 32) * 32**-0.5
     target = torch.randint(1, 40, (4, 9))
@@ -159,7 +172,7 @@ def test_compiled_chunks_equal_the_plain_loss_in_fp32_and_within_bf16_rounding()
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             sums = projected_loss(
-                h, w, target, epsilon=0.1, pad_id=0, chunk_tokens=5, compiled=compiled
+                h, w, target, epsilon=0.1, pad_id=0, chunk_tokens=5, compiled_chunks=compiled
             )
         sums.loss.backward()
         results.append((sums.loss.detach(), sums.nll, h.grad, w.grad))

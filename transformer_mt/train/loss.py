@@ -83,7 +83,7 @@ def projected_loss(
     chunk_tokens: int | None = None,
     drop_padding: bool | None = None,
     by_onednn: bool = False,
-    compiled: bool = False,
+    compiled_chunks: bool = False,
 ) -> LossSums:
     """The sums of `label_smoothed_loss(hidden @ weight.T, target)` without its logits.
 
@@ -96,8 +96,8 @@ def projected_loss(
     is data), so there padded positions go through with weight 0 instead. by_onednn: the
     chunks' float32 products by oneDNN's kernel (the execution policy's choice on the CPU:
     ExecutionPolicy.cpu_products), with the weight reordered once for all the chunks.
-    compiled: each chunk's passes over its logits through torch.compile (`softmax_terms`),
-    where the policy compiles."""
+    compiled_chunks: each chunk's passes over its logits through torch.compile
+    (`softmax_terms`), where the policy compiles."""
     keep = target != pad_id
     if drop_padding is None:
         drop_padding = hidden.device.type == "cpu"
@@ -121,7 +121,7 @@ def projected_loss(
             dtype,
             wants_grad,
             by_onednn,
-            compiled,
+            compiled_chunks,
         )
     return LossSums(loss, nll, keep.sum())
 
@@ -160,7 +160,9 @@ def softmax_terms(
 
     Eagerly its passes over (c, V) work in place on the logits' fp32 copy (on the logits
     themselves when they are fp32: they are spent); compiled (`compiled_softmax_terms`) they
-    fuse into about two reads of the logits and one write of the gradient."""
+    fuse into about two reads of the logits and one write of the gradient (compiled on fp32
+    logits, the compiled graph writes its in-place work back into them: one pass more, in a
+    setting no default chooses)."""
     z = logits.float()
     reference = z.gather(1, references[:, None]).squeeze(1)
     top = z.amax(dim=-1, keepdim=True)
@@ -198,7 +200,7 @@ class ProjectedLoss(torch.autograd.Function):
         dtype,
         wants_grad,
         by_onednn,
-        compiled,
+        compiled_chunks,
     ):
         # wants_grad: given by the caller, as forward runs with grad mode off and needs_input_grad
         # says only what requires a gradient, not whether one will be taken (validation).
@@ -207,7 +209,7 @@ class ProjectedLoss(torch.autograd.Function):
         weight_c = weight.to(compute)
         by_onednn = by_onednn and compute == torch.float32
         logits_of, grad_of = chunk_products(weight_c, by_onednn, wants_grad)
-        terms = compiled_softmax_terms() if compiled else softmax_terms
+        terms = compiled_softmax_terms() if compiled_chunks else softmax_terms
         mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
         loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
         nll = torch.zeros_like(loss)
@@ -262,11 +264,11 @@ class ProjectedLoss(torch.autograd.Function):
 
 class TrainingLoss(torch.nn.Module):
     """The model and its loss as one module, (src, tgt_in, tgt_out) -> LossSums: what
-    DistributedDataParallel wraps and torch.compile compiles, so that the compiled region runs up
-    to the loss. The chunked projection itself stays out of the model's graphs (its token
-    selection and chunk loop have data-dependent shapes); it is one call at the end. by_onednn:
-    its products by oneDNN's kernel; compiled: its chunks' passes over the logits through
-    torch.compile (`projected_loss`); both as the execution policy says."""
+    DistributedDataParallel wraps. Where the policy compiles, `model`'s repeated layers are
+    compiled one by one (ExecutionPolicy.with_kernels) and the loss its chunks' passes over the
+    logits (compiled_chunks); the chunk loop itself stays eager (its token selection has a
+    data-dependent size). by_onednn: the loss's products by oneDNN's kernel (`projected_loss`).
+    `for_policy` sets both as the execution policy says."""
 
     def __init__(
         self,
@@ -275,15 +277,15 @@ class TrainingLoss(torch.nn.Module):
         epsilon: float,
         pad_id: int,
         by_onednn: bool = False,
-        compiled: bool = False,
+        compiled_chunks: bool = False,
     ):
         super().__init__()
         self.model = model
         self.epsilon, self.pad_id = epsilon, pad_id
-        self.by_onednn, self.compiled = by_onednn, compiled
+        self.by_onednn, self.compiled_chunks = by_onednn, compiled_chunks
 
     @classmethod
-    def as_policy_runs(
+    def for_policy(
         cls, model, policy: ExecutionPolicy, *, epsilon: float, pad_id: int
     ) -> TrainingLoss:
         """`model` and its loss as `policy` runs a training step: its kernels and compiled
@@ -294,20 +296,17 @@ class TrainingLoss(torch.nn.Module):
             epsilon=epsilon,
             pad_id=pad_id,
             by_onednn=policy.cpu_products == CpuProducts.onednn,
-            compiled=policy.compile,
+            compiled_chunks=policy.compile,
         )
 
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> LossSums:
         hidden = self.model.decode_hidden(tgt_in, self.model.encode(src))
-        return eager_projected_loss(
+        return projected_loss(
             hidden,
             self.model.embed.weight,
             tgt_out,
             epsilon=self.epsilon,
             pad_id=self.pad_id,
             by_onednn=self.by_onednn,
-            compiled=self.compiled,
+            compiled_chunks=self.compiled_chunks,
         )
-
-
-eager_projected_loss = torch.compiler.disable(projected_loss)

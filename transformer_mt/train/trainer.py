@@ -50,7 +50,10 @@ from transformer_mt.train.validation import ValidationScores, validation_loss
 log = logging.getLogger(__name__)
 
 # What the first update's time holds, by whether the model compiles.
-WARM_UP = {True: " (torch.compile's warm-up: compiling the layers' graphs)", False: ""}
+WARM_UP = {
+    True: " (torch.compile's warm-up: compiling the layers' and the loss's graphs)",
+    False: "",
+}
 # fp16: a loss scale below this (fairseq's --min-loss-scale default) means the gradient
 # overflows however far it is scaled down: the run has diverged.
 MIN_LOSS_SCALE = 1e-4
@@ -80,7 +83,7 @@ class Trainer:
         self.model = record.build_model().to(self.device)
         # The model and its loss, with the policy's kernels and compiled layers, as a
         # micro-batch runs them (validation's loss runs it too); under DDP with several ranks.
-        self.loss_module = TrainingLoss.as_policy_runs(
+        self.loss_module = TrainingLoss.for_policy(
             self.model, policy, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
         )
         self.train_model = self.distributed(self.loss_module)

@@ -40,8 +40,9 @@ class ValidationScores:
 def validation_loss(
     loss_of: TrainingLoss, data: ParallelTokens, batch_tokens: int, policy: ExecutionPolicy
 ) -> ValidationScores:
-    """The loss of the model in `loss_of` (the training step's own, eager, in eval mode) on the
-    whole of `data`, in batches of batch_tokens, run as the training step runs (`policy`)."""
+    """The loss of the model in `loss_of` (the training step's own, in eval mode; compiled where
+    the policy compiles) on the whole of `data`, in batches of batch_tokens, run as the training
+    step runs (`policy`)."""
     loss_of.eval()
     loss_sum = nll_sum = tokens = 0.0
     batches = token_batches(
