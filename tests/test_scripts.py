@@ -272,3 +272,33 @@ def test_the_cpu_rehearsal_of_the_decoding_part_prints_every_figure(tmp_path):
     assert report.count("BLEU of ours against theirs") == 2
     levers = re.findall(r"^  ours, .* BLEU +([\d.]+)$", report, re.M)
     assert len(levers) == 7, report
+
+
+def test_copies_are_summed_by_what_asked_for_them():
+    # On the CPU, from a real profile: autocast's casts of a linear layer's weight and input, and
+    # their gradients cast back in ToCopyBackward0.
+    layer = torch.nn.Linear(16, 8)
+    x = torch.randn(4, 16, requires_grad=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = layer(x)
+        out.float().sum().backward()
+    origins = {
+        name: calls for name, _, calls in profile_step.copies_by_origin(profiler.events(), False)
+    }
+    assert origins.get("aten::linear") == 3, origins  # weight, bias, input
+    # their gradients, and the gradient of out.float() cast back to bf16
+    assert origins.get("backward of ToCopyBackward0") == 4, origins
+    # On a GPU, each copy kernel filed under its aten::copy_, named by what asked for it.
+    backward = FunctionEvent(0, f"{profile_step.BACKWARD}ToCopyBackward0", 0, 0, 20, "cuda")
+    to_copy = FunctionEvent(1, "aten::_to_copy", 0, 1, 19, "cuda")
+    copy = FunctionEvent(2, "aten::copy_", 0, 2, 18, "cuda")
+    to_copy.cpu_parent, copy.cpu_parent = backward, to_copy
+    copy.append_kernel(
+        "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::Te",
+        0,
+        5,
+    )
+    assert profile_step.copies_by_origin([backward, to_copy, copy], True) == [
+        ("backward of ToCopyBackward0: direct_copy_kernel_cuda", 5e-6, 1)
+    ]
