@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -106,23 +107,20 @@ def projected_loss(
     else:
         tokens, references = hidden.flatten(0, 1), target.flatten()
         weights = keep.flatten().to(torch.float32)
-    dtype = autocast_dtype_of(hidden.device)
     if chunk_tokens is None:
         chunk_tokens = default_chunk_tokens(hidden.device, weight.shape[0])
-    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    plan = ChunkPlan(
+        epsilon=epsilon,
+        chunk_tokens=chunk_tokens,
+        dtype=autocast_dtype_of(hidden.device),
+        # forward runs with grad mode off, and needs_input_grad says only what requires a
+        # gradient, not whether one will be taken (validation): the caller's grad mode says
+        wants_grad=torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad),
+        by_onednn=by_onednn,
+        compiled_chunks=compiled_chunks,
+    )
     with torch.autocast(hidden.device.type, enabled=False):
-        loss, nll = ProjectedLoss.apply(
-            tokens,
-            weight,
-            references,
-            weights,
-            epsilon,
-            chunk_tokens,
-            dtype,
-            wants_grad,
-            by_onednn,
-            compiled_chunks,
-        )
+        loss, nll = ProjectedLoss.apply(tokens, weight, references, weights, plan)
     return LossSums(loss, nll, keep.sum())
 
 
@@ -183,33 +181,34 @@ def compiled_softmax_terms() -> Callable[..., tuple[Tensor, Tensor, Tensor | Non
     return torch.compile(softmax_terms, dynamic=True)
 
 
+@dataclass(frozen=True)
+class ChunkPlan:
+    """How ProjectedLoss works through the tokens (projected_loss's arguments): the smoothing,
+    the tokens a chunk, the products' dtype (None: the tokens'), whether a gradient is taken,
+    and which kernels multiply and pass over the logits."""
+
+    epsilon: float
+    chunk_tokens: int
+    dtype: torch.dtype | None
+    wants_grad: bool
+    by_onednn: bool
+    compiled_chunks: bool
+
+
 class ProjectedLoss(torch.autograd.Function):
-    """(N, D) hidden states, (V, D) weight, (N,) references, (N,) 0/1 weights or None (all 1)
-    -> (loss sum, nll sum), with the gradients computed in forward (see the module's
-    docstring)."""
+    """(N, D) hidden states, (V, D) weight, (N,) references, (N,) 0/1 weights or None (all 1),
+    a ChunkPlan -> (loss sum, nll sum), with the gradients computed in forward (see the
+    module's docstring)."""
 
     @staticmethod
-    def forward(
-        ctx,
-        tokens,
-        weight,
-        references,
-        weights,
-        epsilon,
-        chunk_tokens,
-        dtype,
-        wants_grad,
-        by_onednn,
-        compiled_chunks,
-    ):
-        # wants_grad: given by the caller, as forward runs with grad mode off and needs_input_grad
-        # says only what requires a gradient, not whether one will be taken (validation).
+    def forward(ctx, tokens, weight, references, weights, plan: ChunkPlan):
+        epsilon, chunk_tokens, wants_grad = plan.epsilon, plan.chunk_tokens, plan.wants_grad
         vocab = weight.shape[0]
-        compute = dtype or tokens.dtype
+        compute = plan.dtype or tokens.dtype
         weight_c = weight.to(compute)
-        by_onednn = by_onednn and compute == torch.float32
+        by_onednn = plan.by_onednn and compute == torch.float32
         logits_of, grad_of = chunk_products(weight_c, by_onednn, wants_grad)
-        terms = compiled_softmax_terms() if compiled_chunks else softmax_terms
+        terms = compiled_softmax_terms() if plan.compiled_chunks else softmax_terms
         mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
         loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
         nll = torch.zeros_like(loss)
@@ -258,7 +257,9 @@ class ProjectedLoss(torch.autograd.Function):
         return (
             (grad_tokens * grad_loss).to(tokens_dtype) if ctx.needs_input_grad[0] else None,
             (grad_weight * grad_loss).to(weight_dtype) if ctx.needs_input_grad[1] else None,
-            *(None,) * 8,  # references, weights, epsilon, chunk_tokens, dtype, wants_grad, ...
+            None,  # references
+            None,  # weights
+            None,  # plan
         )
 
 
