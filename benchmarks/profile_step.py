@@ -21,7 +21,10 @@ update: 126 casts to bf16 in
 aten::linear (90 weights and biases, 36 activations: the fp32 outputs of LayerNorm and the
 encoder's output, which each of the 6 decoder layers casts again for its keys and values), the
 126 casts of their gradients back to fp32 (ToCopyBackward0), and 30 promotions of the residual
-adds (fp32 + bf16) with the 30 casts of their gradients.
+adds (fp32 + bf16) with the 30 casts of their gradients (2026-12-05, torch 2.13.0+cpu:
+`python -m benchmarks.bench_train --data generated --generated-pairs 3000 --vocab 2000 --model
+base --batch-tokens 2048 --columns ours --warmup 1 --steps 1 --block 1 --precision bf16
+--gpu-report --profile`; 1,116 copies in 3 updates, 6.2% of the busy time).
 """
 
 from __future__ import annotations
