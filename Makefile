@@ -41,7 +41,7 @@ $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) >&2
 	@$(BIN)/pip install --quiet --upgrade pip >&2
 	@$(BIN)/pip install --quiet $(TORCH_INDEX) "torch==$(TORCH_VERSION)" >&2
-	@$(BIN)/pip install --quiet -e ".[dev,export,hf,serve$(if $(filter --index-url,$(TORCH_INDEX)),$(comma)export-cuda)]" >&2
+	@$(BIN)/pip install --quiet -e ".[dev,export,hf,serve,sweep,slurm$(if $(filter --index-url,$(TORCH_INDEX)),$(comma)export-cuda)]" >&2
 	@touch $(STAMP)
 
 install: $(STAMP) ## create .venv with torch (the CUDA build the driver runs, else CPU; TORCH_CUDA=cpu|cu126|cu130 chooses) and the package

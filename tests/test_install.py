@@ -203,14 +203,15 @@ def test_make_install_takes_the_index_torch_cuda_names(tmp_path):
     path = with_fake(tmp_path, "580.65.06", "13.0")
     commands = make_dry_run(tmp_path, path, "TORCH_CUDA=cu126").stdout
     assert '--index-url https://download.pytorch.org/whl/cu126 "torch==2.13.0"' in commands
-    assert '-e ".[dev,export,hf,serve,export-cuda]"' in commands  # CTranslate2's cuBLAS 12
+    # export-cuda: CTranslate2's cuBLAS 12
+    assert '-e ".[dev,export,hf,serve,sweep,slurm,export-cuda]"' in commands
 
 
 def test_make_install_keeps_the_cpu_wheel_without_nvidia_smi(tmp_path):
     (tmp_path / "empty").mkdir()
     commands = make_dry_run(tmp_path, str(tmp_path / "empty")).stdout
     assert f'{CPU_INDEX} "torch==2.13.0"' in commands
-    assert '-e ".[dev,export,hf,serve]"' in commands
+    assert '-e ".[dev,export,hf,serve,sweep,slurm]"' in commands
 
 
 def test_make_install_stops_on_a_driver_too_old(tmp_path):

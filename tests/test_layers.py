@@ -9,8 +9,10 @@ from pathlib import Path
 import transformer_mt
 
 LAYERS = [
-    # configs, errors, files, locks, devices, the torch build for the driver
-    {"config", "errors", "files", "run_lock", "device", "torch_builds", "onednn", "shapes"},
+    # configs, errors, files, locks, devices, the torch build for the driver, launchers' ranks,
+    # sweeps' folders
+    {"config", "errors", "files", "run_lock", "device", "torch_builds", "onednn", "shapes"}
+    | {"launch", "sweeps"},
     # how a device runs the model: precision, attention kernels, compile, CPU products
     {"execution"},
     {"data"},  # sources, toy corpus, cleaning, SentencePiece, store, batching

@@ -1,7 +1,8 @@
-"""DistributedDataParallel under torchrun (2 CPU processes, gloo) against one process that
-accumulates the same global batch; a 1-process run resumed by 2 processes; two ranks that
-must agree on when to stop (skewed clocks, a signal that reaches one rank) and do so once every
-trainer.agree_every updates, with no collective for the update's token count."""
+"""DistributedDataParallel under torchrun and under Hydra's submitit_local launcher (2 CPU
+processes, gloo) against one process that accumulates the same global batch; a 1-process run
+resumed by 2 processes; two ranks that must agree on when to stop (skewed clocks, a signal that
+reaches one rank: Slurm's tasks, resumed bitwise) and do so once every trainer.agree_every
+updates, with no collective for the update's token count."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from transformer_mt.config import compose_job
 from transformer_mt.data.batching import target_fill, token_batches
 from transformer_mt.data.prepare import prepare
 from transformer_mt.errors import TransformerMTError
+from transformer_mt.launch import port_of
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.trainer import Trainer
 
@@ -79,7 +81,18 @@ def largest_difference(two: torch.Tensor, one: torch.Tensor) -> tuple[float, flo
     return (two - one).abs().max().item(), one.abs().max().item()
 
 
-def test_two_ddp_processes_equal_one_process_accumulating_the_global_batch(same_batches, tmp_path):
+def submitit_local(ntasks: int, overrides: list[str]) -> subprocess.CompletedProcess:
+    """tmt-train as one job of `ntasks` tasks through Hydra's submitit_local launcher."""
+    launcher = ["hydra/launcher=submitit_local", f"hydra.launcher.tasks_per_node={ntasks}"]
+    command = [str(TMT_TRAIN), "-m", *launcher, "hydra.launcher.timeout_min=10", *overrides]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_two_ranks_under_torchrun_or_submitit_equal_one_process_accumulating_the_global_batch(
+    same_batches, tmp_path
+):
     # Both runs sum the same per-token gradients in another order (two ranks' halves averaged by
     # DDP against four micro-batches accumulated in one process), so they agree only up to float32
     # rounding: each gradient element is a sum of a few thousand terms, whose rounding error is a
@@ -109,6 +122,26 @@ def test_two_ddp_processes_equal_one_process_accumulating_the_global_batch(same_
         worst = max(worst, difference / scale)
     print(f"largest difference: {worst:.3g} of a tensor's largest value")
     assert len(two["rng_cpu"]) == 2
+    # The same two ranks as the tasks of one job of Hydra's submitit_local launcher: one
+    # training, in one run folder written by rank 0 alone, equal to torchrun's.
+    submitit_local(2, [*sgd, f"run_dir={tmp_path / 'job'}"])
+    job = torch.load(tmp_path / "job" / "checkpoints" / "last.pt", weights_only=True)
+    assert job["step"] == 3
+    assert {**job["progress"], "train_seconds": 0} == {**two["progress"], "train_seconds": 0}
+    worst = 0.0
+    for index, state in two["optimizer"]["state"].items():
+        difference, scale = largest_difference(
+            job["optimizer"]["state"][index]["exp_avg"], state["exp_avg"]
+        )
+        assert difference <= 1e-4 * scale, f"parameter {index}: {difference:.3g} of {scale:.3g}"
+        worst = max(worst, difference / scale)
+    print(f"submitit against torchrun, largest difference: {worst:.3g}")
+    start, end = RunDir(tmp_path / "job").history()  # one start and one end: one writer
+    assert start["world_size"] == 2 and end["how"] == "finished"
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == sorted(
+        p.name for p in (tmp_path / "two").iterdir()
+    )
+    assert len(list((tmp_path / "job" / "tensorboard").iterdir())) == 1
 
 
 def test_a_one_process_run_continues_on_two_ranks(same_batches, tmp_path):
@@ -139,6 +172,8 @@ def rank_process(
     *,
     clock_speed: float = 1.0,
     sigterm_at: int = 0,
+    stop_signal: int = signal.SIGTERM,
+    slurm_job: int = 0,
     prepare_delay: float = 0.0,
     extra: tuple[str, ...] = (),
     resume_step: int = 0,
@@ -146,19 +181,24 @@ def rank_process(
     fail_at: int = 0,
 ) -> None:
     """One of two gloo ranks, in a spawned process: trains, then writes the update it stopped at
-    and why. `clock_speed` makes this rank's clock run faster; `sigterm_at` sends it SIGTERM after
-    that update (0: never); `prepare_delay` seconds are added to its data preparation; `extra`:
+    and why. `clock_speed` makes this rank's clock run faster; `sigterm_at` sends it
+    `stop_signal` after that update (0: never); `slurm_job`: this rank is task `rank` of that
+    Slurm job's step as srun starts it (Slurm's variables, none of torchrun's; 0: torchrun's
+    variables); `prepare_delay` seconds are added to its data preparation; `extra`:
     overrides of this rank only; `resume_step`: this rank finds step_N.pt as the newest checkpoint
     (as a stale directory listing on its node would); `count_collectives`: see
     count_update_collectives; `fail_at`: this rank raises RuntimeError at that update (0: never).
     An error is written to rankN.error (and, as torchrun asks, to rankN.torchrun.json)."""
-    os.environ.update(
-        RANK=str(rank),
-        LOCAL_RANK=str(rank),
-        WORLD_SIZE="2",
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
-    )
+    if slurm_job:
+        os.environ.update(slurm_task(rank, slurm_job))
+    else:
+        os.environ.update(
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+        )
     if count_collectives:
         count_update_collectives(rank)
     if clock_speed != 1:
@@ -178,7 +218,7 @@ def rank_process(
             raise RuntimeError(f"rank {rank} fails at update {fail_at}")
         result = train_step(trainer, *args)
         if trainer.progress.step == sigterm_at:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), stop_signal)
         return result
 
     def slow_prepare(*args, **kwargs):
@@ -204,6 +244,33 @@ def rank_process(
     except TransformerMTError as error:
         Path(job.run_dir, f"rank{rank}.error").write_text(str(error))
         raise
+
+
+def slurm_task(rank: int, job: int) -> dict[str, str]:
+    """The variables srun gives task `rank` of a job step of 2 tasks on one node."""
+    return {
+        "SLURM_JOB_ID": str(job),
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_NUM_TASKS": "2",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank),
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NODELIST": "localhost",
+        "SLURM_STEP_TASKS_PER_NODE": "2",
+    }
+
+
+def slurm_job_with_a_free_port() -> int:
+    """A Slurm job id whose derived MASTER_PORT (launch.port_of) is free on this machine."""
+    for job in range(7000, 8000):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port_of(f"{job}.0")))
+            except OSError:
+                continue
+        return job
+    raise AssertionError("no free port among 1,000 Slurm job ids")
 
 
 COLLECTIVES = ("all_reduce", "broadcast", "all_gather", "gather", "reduce", "barrier")
@@ -318,19 +385,28 @@ def last_state(run_dir: Path) -> dict:
     return torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
 
 
-def test_a_signal_to_one_rank_stops_both_at_their_next_agreement_resumably(same_batches, tmp_path):
-    agreeing = [*same_batches, "trainer.agree_every=4"]
-    run_dir = tmp_path / "run"
-    # SIGTERM to rank 1 only, after update 5: both go on to update 8, where they next agree.
-    run_two_ranks([*agreeing, "trainer.max_steps=50", f"run_dir={run_dir}"], {}, {"sigterm_at": 5})
-    assert stopped_at(run_dir) == ["8 stop signal (on another rank)", "8 stop signal (SIGTERM)"]
+def test_slurm_tasks_stop_together_on_a_signal_to_one_and_the_requeued_job_resumes_bitwise(
+    same_batches, tmp_path
+):
+    """Two ranks from Slurm's variables alone (none of torchrun's), as srun starts the tasks of
+    an sbatch script or of Hydra's submitit_slurm launcher. SIGUSR1, Slurm's signal ahead of the
+    time limit (--signal=USR1@90), reaches rank 1 first: both stop at their next agreement with
+    a checkpoint. The same command again (the requeued job) resumes bitwise: it ends as two
+    torchrun ranks that were never stopped."""
+    agreeing = [*same_batches, "trainer.agree_every=4", "trainer.max_steps=10"]
+    run_dir, slurm = tmp_path / "run", {"slurm_job": slurm_job_with_a_free_port()}
+    # SIGUSR1 to rank 1 only, after update 5: both go on to update 8, where they next agree.
+    signalled = {**slurm, "sigterm_at": 5, "stop_signal": signal.SIGUSR1}
+    run_two_ranks([*agreeing, f"run_dir={run_dir}"], slurm, signalled)
+    assert stopped_at(run_dir) == ["8 stop signal (on another rank)", "8 stop signal (SIGUSR1)"]
     assert [path.name for path in sorted((run_dir / "checkpoints").glob("step_*.pt"))] == [
         "step_8.pt"
     ]
     assert last_state(run_dir)["step"] == 8
-    # Resumed, the two ranks continue exactly as two that were never stopped.
-    run_two_ranks([*agreeing, "trainer.max_steps=10", f"run_dir={run_dir}"], {}, {})
-    run_two_ranks([*agreeing, "trainer.max_steps=10", f"run_dir={tmp_path / 'straight'}"], {}, {})
+    assert RunDir(run_dir).history()[0]["world_size"] == 2  # one writer: rank 0's records
+    # Requeued, the two ranks continue exactly as two that were never stopped.
+    run_two_ranks([*agreeing, f"run_dir={run_dir}"], slurm, slurm)
+    run_two_ranks([*agreeing, f"run_dir={tmp_path / 'straight'}"], {}, {})
     resumed, straight = last_state(run_dir), last_state(tmp_path / "straight")
     assert resumed["step"] == straight["step"] == 10
     for name, tensor in straight["model"].items():

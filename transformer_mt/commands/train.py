@@ -29,6 +29,7 @@ from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.run_dir import RunDir
+from transformer_mt.train import signals
 from transformer_mt.train.distributed import Ranks, ending_together, start_ranks
 from transformer_mt.train.start import Start, StartKind, plan_start, use_parent_tokenizer
 from transformer_mt.train.trainer import Trainer
@@ -38,8 +39,10 @@ log = logging.getLogger(__name__)
 
 def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     """Prepare data, train, validate and checkpoint into cfg.run_dir; return the last checkpoint.
-    Under torchrun every rank calls it; rank 0 holds the run folder's lock, prepares data and
-    writes files. `overrides`: the command line's, for the run's history."""
+    With several ranks every rank calls it; rank 0 holds the run folder's lock, prepares data and
+    writes files. `overrides`: the command line's, for the run's history. After a stop by
+    signal the signal goes on to a launcher's handler, if one was installed (signals.pass_on:
+    submitit requeues the job from it)."""
     validate_train(cfg)
     ranks, device = start_ranks(cfg.trainer.device, cfg.trainer.rank_timeout_minutes)
     if device.type == "cpu":
@@ -48,16 +51,17 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     with ending_together(ranks):  # a failing rank ends the others at once, its cause first
         policy = ExecutionPolicy.for_training(cfg.trainer, device)  # before any write
         with run.lock() if ranks.is_main else contextlib.nullcontext():
-            last = train_ranks(cfg, run, ranks, policy, overrides or [])
+            last, stop_signal = train_ranks(cfg, run, ranks, policy, overrides or [])
         # Leave together: a rank that tears its connections down while another is still in its
         # last collectives (rank 0 validates and saves last) can abort that rank at exit.
         ranks.barrier()
-        return last
+    signals.pass_on(stop_signal)
+    return last
 
 
 def train_ranks(
     cfg: TrainJob, run: RunDir, ranks: Ranks, policy: ExecutionPolicy, overrides: list[str]
-) -> Path:
+) -> tuple[Path, str | None]:
     # Absolute paths, so that eval and translate find the corpus from any working directory.
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
     if cfg.data.dir is not None:
@@ -117,8 +121,9 @@ def train_started(
     ranks: Ranks,
     policy: ExecutionPolicy,
     overrides: list[str],
-) -> Path:
-    """Prepare (rank 0) or wait for the data, record the start, train, record the end."""
+) -> tuple[Path, str | None]:
+    """Prepare (rank 0) or wait for the data, record the start, train, record the end; return
+    the last checkpoint and the stop signal this rank received (None: none did)."""
     device = policy.device
     if ranks.is_main:
         if start.kind == StartKind.resume and cfg.trainer.resume_from is None:
@@ -156,8 +161,9 @@ def train_started(
         raise
     if ranks.is_main:
         how = "stop signal" if trainer.stop_signalled else "finished"
-        run.append_history(end_record(how, reason, trainer.progress.step))
-    return run.checkpoints.last
+        record = end_record(how, reason, trainer.progress.step)
+        run.append_history(record | best_record(trainer))
+    return run.checkpoints.last, trainer.signals.received
 
 
 def fit_naming_out_of_memory(trainer: Trainer) -> str:
@@ -273,6 +279,15 @@ def record_end(run: RunDir, record: dict) -> None:
 
 def end_record(how: str, reason: str, step: int) -> dict:
     return {"event": "end", "time": now(), "how": how, "reason": reason, "step": step}
+
+
+def best_record(trainer: Trainer) -> dict:
+    """The run's best validation score, by which best.pt is chosen (what tmt-train returns to
+    Hydra, so that a sweeper can optimise it): valid BLEU where it is computed, else minus the
+    valid loss; None before any validation."""
+    progress = trainer.progress
+    metric = "valid BLEU" if trainer.valid_bleu is not None else "-valid loss"
+    return {"best": {"score": progress.best_score, "step": progress.best_step, "metric": metric}}
 
 
 def describe_error(error: BaseException) -> str:

@@ -1,7 +1,8 @@
-"""Ranks under torchrun: process groups, each rank's device, and small host-side agreements.
+"""Ranks: process groups, each rank's device, and small host-side agreements.
 
-`torchrun` (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT)
-starts one process per device; a plain `tmt-train` is one rank of a world of one. Gradients are
+`torchrun` (or any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT),
+Slurm's `srun` or submitit (their variables read by launch.py) starts one process per device; a
+plain `tmt-train` is one rank of a world of one. Gradients are
 averaged by DistributedDataParallel over the main group (NCCL on GPUs, gloo on CPUs). Decisions the
 ranks must share (a stop signal, the time limit, a time-based checkpoint: agreed every
 trainer.agree_every updates) go over a second, gloo group on CPU tensors, so agreeing on them
@@ -47,6 +48,7 @@ import torch.distributed as dist
 from transformer_mt.data.batching import BatchPlan
 from transformer_mt.device import resolve_device, use_cuda_device
 from transformer_mt.errors import ConfigError, TransformerMTError
+from transformer_mt.launch import rank_variables, unused_slurm_tasks
 
 log = logging.getLogger(__name__)
 
@@ -114,28 +116,40 @@ class Ranks:
 
 def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks, torch.device]:
     """This process's rank and device (a GPU made the current one: device.use_cuda_device);
-    joins the process group when launched by torchrun. A collective that waits longer than
+    joins the process group when launched as one of several ranks, by torchrun, Slurm's srun or
+    submitit (launch.py: their variables become torchrun's). A collective that waits longer than
     `timeout_minutes` for another rank fails the job."""
+    variables, launcher = rank_variables(os.environ)
+    os.environ.update(variables)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if unused_slurm_tasks(os.environ):
+        log.warning(
+            "this Slurm job has SLURM_NTASKS=%s tasks, but this process was not started by srun: "
+            "it trains alone; start it with `srun tmt-train ...` for one rank per task",
+            os.environ["SLURM_NTASKS"],
+        )
     if world_size == 1:
         device = resolve_device(device_name)
         use_cuda_device(device)
         return Ranks(), device
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    if variables and rank == 0:
+        log.info(
+            "%d ranks from %s; rank 0's store at %s:%s",
+            world_size,
+            launcher,
+            os.environ["MASTER_ADDR"],
+            os.environ["MASTER_PORT"],
+        )
     device = resolve_device(device_name)
     if device.type == "cuda":
         if device_name not in ("auto", "cuda"):
             raise ConfigError(
-                f"trainer.device: under torchrun each rank uses cuda:LOCAL_RANK; "
+                f"trainer.device: with several ranks each uses cuda:LOCAL_RANK; "
                 f"use auto or cuda, got {device_name}"
             )
-        if local_rank >= torch.cuda.device_count():
-            raise ConfigError(
-                f"rank {rank} has no GPU: torchrun started at least {local_rank + 1} processes on "
-                f"this machine, which has {torch.cuda.device_count()} GPU(s) (make train "
-                f"NPROC={torch.cuda.device_count()}, or torchrun --nproc-per-node)"
-            )
-        device = torch.device("cuda", local_rank)
+        index = cuda_index(rank, local_rank, torch.cuda.device_count(), launcher)
+        device = torch.device("cuda", index)
         use_cuda_device(device)  # before NCCL starts
     backend = "nccl" if device.type == "cuda" else "gloo"
     use_gloo_interface(os.environ, log_it=local_rank == 0)
@@ -145,6 +159,20 @@ def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks,
         dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     )
     return Ranks(rank, world_size, local_rank, control), device
+
+
+def cuda_index(rank: int, local_rank: int, visible: int, launcher: str) -> int:
+    """The GPU of a rank: cuda:LOCAL_RANK among the node's GPUs, or the one GPU a Slurm or
+    submitit task sees when each task is given its own (--gpus-per-task=1)."""
+    if local_rank < visible:
+        return local_rank
+    if visible == 1 and launcher != "torchrun":
+        return 0
+    raise ConfigError(
+        f"rank {rank} has no GPU: {launcher} started at least {local_rank + 1} processes on "
+        f"this machine, which has {visible} GPU(s) visible to it (make train NPROC={visible}, "
+        "torchrun --nproc-per-node, or as many Slurm tasks per node as GPUs)"
+    )
 
 
 def use_gloo_interface(environ: MutableMapping[str, str], *, log_it: bool) -> None:

@@ -1,9 +1,11 @@
-"""Stop requests by signal: a cluster's pre-emption (SIGTERM, SIGUSR1) or Ctrl-C (SIGINT).
+"""Stop requests by signal: a cluster's pre-emption (SIGTERM; SIGUSR1 or SIGUSR2, which Slurm
+sends ahead of a job's time limit with --signal, SIGUSR2 for submitit's jobs) or Ctrl-C (SIGINT).
 
 The training loop asks `received` at the end of each update (with several ranks, at their next
 agreement, every trainer.agree_every updates: all stop at the same update), saves a checkpoint
 and exits cleanly. A second Ctrl-C interrupts at once (Python's default), for a user who will not
-wait.
+wait. Once the checkpoint is written, `pass_on` gives the signal to the handler that was there
+before, where a launcher installed one (submitit requeues the job from it).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import signal
 
 log = logging.getLogger(__name__)
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT)
 
 
 class StopSignals:
@@ -42,6 +44,20 @@ class StopSignals:
             self.received = name
         if signum == signal.SIGINT:
             signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pass_on(name: str | None) -> None:
+    """After a stop by the signal `name` (None: no signal reached this process) and its
+    checkpoint: call the handler now installed for it, the one the trainer's replaced, where that
+    is a Python function: a launcher's (submitit's requeues the job and exits). The default
+    handler, an ignored signal and Ctrl-C's are left alone: the run has stopped as asked."""
+    if name is None or name == signal.SIGINT.name:
+        return
+    number = signal.Signals[name]
+    handler = signal.getsignal(number)
+    if callable(handler):
+        log.info("passing %s on to the handler that was installed before training", name)
+        handler(number, None)
 
 
 def ignore_stop_signals() -> None:

@@ -1,0 +1,156 @@
+"""Ranks from the launchers that are not torchrun (Slurm's srun, in an sbatch script or under
+Hydra's submitit_slurm launcher; submitit's local executor), and a stop signal handed on to the
+launcher's own handler once the checkpoint is written (submitit requeues the job from it).
+The trainings themselves: tests/train/test_distributed.py."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from transformer_mt.commands.train import train
+from transformer_mt.errors import ConfigError
+from transformer_mt.launch import (
+    first_host,
+    port_of,
+    rank_variables,
+    tasks_per_node,
+    unused_slurm_tasks,
+    world_size,
+)
+from transformer_mt.train import signals
+from transformer_mt.train.distributed import cuda_index
+from transformer_mt.train.trainer import Trainer
+
+# What srun gives task 3 of a step of 4 tasks over 2 nodes (2 each), in job 4242.
+SRUN_TASK = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_NTASKS": "4",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NODELIST": "gpu[007-008]",
+    "SLURM_JOB_NODELIST": "gpu[007-008]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+}
+
+
+def test_slurm_tasks_of_a_step_are_ranks_with_rank_0_on_the_first_node():
+    variables, launcher = rank_variables(SRUN_TASK)
+    assert launcher == "Slurm (srun)"
+    assert variables == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "gpu007",
+        "MASTER_PORT": str(port_of("4242.0")),
+    }
+    assert world_size(SRUN_TASK) == 4  # what trainer=scaled multiplies by
+    mine = rank_variables({**SRUN_TASK, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"})[0]
+    assert (mine["MASTER_ADDR"], mine["MASTER_PORT"]) == ("10.0.0.1", "29400")
+    # torchrun's own variables win: torchrun started inside a Slurm job.
+    assert rank_variables({**SRUN_TASK, "WORLD_SIZE": "8"}) == ({}, "torchrun")
+
+
+def test_the_batch_script_itself_is_one_process_not_a_rank_waiting_for_others():
+    batch = {k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP")}
+    batch.update(SLURM_PROCID="0", SLURM_LOCALID="0")
+    assert rank_variables(batch) == ({}, "none") and world_size(batch) == 1
+    assert unused_slurm_tasks(batch) == 4  # start_ranks warns: start it with srun
+    assert unused_slurm_tasks(SRUN_TASK) == 0
+    one_task = {**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}
+    assert rank_variables(one_task) == ({}, "none")
+
+
+def test_submitit_local_tasks_are_ranks_on_this_machine():
+    task = {
+        "SUBMITIT_EXECUTOR": "local",
+        "SUBMITIT_LOCAL_NTASKS": "2",
+        "SUBMITIT_LOCAL_GLOBALID": "1",
+        "SUBMITIT_LOCAL_LOCALID": "1",
+        "SUBMITIT_LOCAL_JOB_ID": "31337",
+    }
+    variables, launcher = rank_variables(task)
+    assert launcher == "submitit's local executor"
+    assert variables == {
+        "RANK": "1",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "1",
+        "LOCAL_WORLD_SIZE": "2",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port_of("31337")),
+    }
+    assert 20_000 <= port_of("31337") < 60_000
+
+
+@pytest.mark.parametrize(
+    "nodelist,first",
+    [
+        ("gpu[003-004,010],cpu1", "gpu003"),
+        ("n1,n2", "n1"),
+        ("rack[1-2]-node[01-04]", "rack1-node01"),
+        ("node7", "node7"),
+        ("", None),
+    ],
+)
+def test_the_first_host_of_a_slurm_host_list(nodelist, first):
+    assert first_host(nodelist) == first
+
+
+def test_tasks_per_node_expands_slurms_repeat_counts():
+    assert tasks_per_node("2(x3),1") == [2, 2, 2, 1] and tasks_per_node("8") == [8]
+
+
+def test_each_rank_takes_its_gpu_or_the_one_gpu_its_slurm_task_was_given():
+    assert cuda_index(5, 1, 8, "torchrun") == 1
+    assert cuda_index(3, 1, 1, "Slurm (srun)") == 0  # --gpus-per-task=1: each task sees one
+    with pytest.raises(ConfigError, match="rank 3 has no GPU: torchrun started at least 2"):
+        cuda_index(3, 1, 1, "torchrun")  # two processes on a machine with one GPU
+
+
+def test_a_stop_signal_goes_on_to_a_launchers_handler_after_the_checkpoint(
+    tiny_train_job, monkeypatch
+):
+    """submitit installs a Python handler for its pre-emption signal (SIGUSR2), which requeues
+    the job. The trainer's replaces it while training; SIGUSR2 stops the run with a checkpoint,
+    and then submitit's handler is called, once the checkpoint is on disk."""
+    job = tiny_train_job("trainer.max_steps=50", "trainer.valid_every=0", "trainer.log_every=1")
+    called: list[int] = []
+    checkpoints = f"{job.run_dir}/checkpoints"
+
+    def launchers_handler(number, frame):  # as submitit's: it reads the checkpoint, requeues
+        called.append(torch.load(f"{checkpoints}/last.pt", weights_only=True)["step"])
+
+    train_step = Trainer.train_step
+
+    def step_then_signal(trainer, *args):
+        result = train_step(trainer, *args)
+        if trainer.progress.step == 3:
+            signal.raise_signal(signal.SIGUSR2)
+        return result
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+    previous = signal.signal(signal.SIGUSR2, launchers_handler)
+    try:
+        train(job)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    assert called == [3]  # once, after the checkpoint of update 3
+
+
+def test_pass_on_leaves_default_handlers_and_ctrl_c_alone(monkeypatch):
+    called = []
+    monkeypatch.setattr(signal, "getsignal", lambda number: lambda *a: called.append(number))
+    signals.pass_on(None)
+    signals.pass_on("SIGINT")  # Ctrl-C: the user's stop, not a launcher's
+    assert called == []
+    signals.pass_on("SIGTERM")
+    assert called == [signal.SIGTERM]
+    monkeypatch.setattr(signal, "getsignal", lambda number: signal.SIG_DFL)
+    signals.pass_on("SIGTERM")  # the default handler would end the process: the run has stopped
+    assert called == [signal.SIGTERM]
