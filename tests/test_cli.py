@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from transformer_mt.data.tokenizer import Tokenizer
 
 BIN = Path(sys.executable).parent
@@ -26,6 +28,27 @@ def test_unknown_config_key_is_named_without_traceback(tmp_path):
     assert result.returncode != 0
     assert "d_modle" in stderr
     assert "Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    "command,override,key",
+    [
+        ("tmt-train", "decode.batch_shape=wide", "decode.batch_shape"),
+        ("tmt-train", "trainer.compile=null", "trainer.compile"),
+        ("tmt-train", "model.d_modle=7", "model.d_modle"),
+        ("tmt-translate", "decode.batch_shape=wide", "decode.batch_shape"),
+    ],
+)
+def test_a_value_hydra_refuses_is_one_line_naming_the_key_and_exit_2(
+    tmp_path, command, override, key
+):
+    """Issue 59, finding 15: Hydra's own refusals (a value of the wrong type, an unknown key)
+    exited 1 with several lines, as a crash does, where the project's checks exit 2."""
+    result = run(command, f"run_dir={tmp_path / 'run'}", override)
+    lines = result.stderr.decode().strip().splitlines()
+    assert result.returncode == 2, result.stderr.decode()
+    assert len(lines) == 1 and f"config key '{key}': " in lines[0], lines
+    assert not (tmp_path / "run").exists()
 
 
 def test_impossible_value_is_named(tmp_path):

@@ -2,13 +2,17 @@
 
 Each command composes its config from the presets in transformer_mt/configs/, turns it into a
 typed job and calls the plain function of its module in commands/. User mistakes
-(TransformerMTError) become one clear line and exit code 2; nothing else happens here.
+(TransformerMTError, and a configuration Hydra refuses: config.config_error_line) become one clear
+line and exit code 2; nothing else happens here. tmt-train returns the run's best validation
+score to Hydra, for a sweeper to optimise.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -28,25 +32,57 @@ from transformer_mt.config import (
     TrainJob,
     TranslateJob,
     as_job,
+    config_error_line,
     register_configs,
 )
 from transformer_mt.errors import TransformerMTError
+from transformer_mt.run_dir import RunDir
+from transformer_mt.sweeps import check_job_paths
 
 log = logging.getLogger("transformer_mt")
 CONFIG_PATH = str(CONFIG_DIR)
 register_configs()
 
 
-def run_reporting_errors(task: Callable[[], None]) -> None:
-    if not logging.getLogger().handlers:  # eval / translate: Hydra's logging is off, log to stderr
+def log_to_stderr() -> None:
+    if not logging.getLogger().handlers:  # Hydra's logging is off: log to stderr
         logging.basicConfig(
             level=logging.INFO,
             stream=sys.stderr,
             format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s",
         )
+
+
+def config_errors_exit_2(main: Callable[[], object]) -> Callable[[], object]:
+    """The console command `main` (a @hydra.main function), with a configuration that Hydra
+    refuses before the command starts (a value of the wrong type, an unknown key or preset, an
+    override that does not parse) as one line naming the key and exit code 2, as for the
+    project's own checks, where Hydra prints several lines and exits 1, as for a crash. Hydra
+    hands its errors over under HYDRA_FULL_ERROR=1; a user who set it gets the traceback."""
+
+    @functools.wraps(main)
+    def command(*args, **kwargs):
+        log_to_stderr()  # also the sweeper's and launcher's lines (Hydra's logging is off)
+        if os.environ.get("HYDRA_FULL_ERROR"):
+            return main(*args, **kwargs)
+        os.environ["HYDRA_FULL_ERROR"] = "1"
+        try:
+            return main(*args, **kwargs)
+        except Exception as error:
+            line = config_error_line(error)
+            if line is None:
+                raise
+            log.error("%s", line)
+            sys.exit(2)
+
+    return command
+
+
+def run_reporting_errors(task: Callable[[], object]) -> object:
+    log_to_stderr()
     try:
         with logging_redirect_tqdm():
-            task()
+            return task()
     except TransformerMTError as error:
         log.error("%s", error)
         log.debug("the error's origin (hydra.verbose=true shows this):", exc_info=error)
@@ -65,6 +101,7 @@ def run_reporting_errors(task: Callable[[], None]) -> None:
         sys.exit(2)
 
 
+@config_errors_exit_2
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
 def prepare_main(cfg: DictConfig) -> None:
     """tmt-prepare: clean, tokenize and binarize the corpus only (tmt-train does it when needed)."""
@@ -84,31 +121,48 @@ def prepare_main(cfg: DictConfig) -> None:
     run_reporting_errors(task)
 
 
+@config_errors_exit_2
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="train")
-def train_main(cfg: DictConfig) -> None:
-    """tmt-train: prepare the data, train, checkpoint into run_dir."""
+def train_main(cfg: DictConfig) -> float | None:
+    """tmt-train: prepare the data, train, checkpoint into run_dir. Returns the best validation
+    score (what best.pt was chosen by: valid BLEU where computed, else minus the valid loss), for
+    a sweeper (Optuna's: hydra.sweeper.direction=maximize) to optimise."""
     from transformer_mt.commands.train import train
 
-    def task() -> None:
+    def task() -> float | None:
         started = time.perf_counter()
-        job = as_job(cfg, TrainJob)
         hydra_cfg = HydraConfig.get()
+        sweeping = hydra_cfg.mode == RunMode.MULTIRUN
+        check_job_paths(cfg, multirun=sweeping)
+        job = as_job(cfg, TrainJob)
         overrides = list(hydra_cfg.overrides.task)
-        if hydra_cfg.mode == RunMode.MULTIRUN and not any(
-            override.lstrip("+~").startswith("run_dir=") for override in overrides
-        ):
-            job.run_dir = hydra_cfg.runtime.output_dir  # each job of a sweep: a folder of its own
+        if sweeping:  # Hydra's folder for the job: <run_dir>-sweep/N, or the command line's
+            job.run_dir = hydra_cfg.runtime.output_dir  # run_dir (transformer_mt/sweeps.py)
             log.info("sweep job %d: %s in %s", hydra_cfg.job.num, " ".join(overrides), job.run_dir)
         checkpoint = train(job, overrides)
+        end = RunDir(job.run_dir).history()[-1]
+        if sweeping and end["how"] == "stop signal":
+            log.warning(
+                "stopped by a signal: the sweep ends at job %d (the same command resumes it: "
+                "finished jobs return their best score, this one continues)",
+                hydra_cfg.job.num,
+            )
+            sys.exit(0)
+        best = end["best"]
         log.info(
-            "training finished in %.1f min wall time; checkpoint %s",
+            "training finished in %.1f min wall time; checkpoint %s; best %s %s at update %s",
             (time.perf_counter() - started) / 60,
             checkpoint,
+            best["metric"],
+            "none" if best["score"] is None else f"{best['score']:.4g}",
+            best["step"],
         )
+        return best["score"]
 
-    run_reporting_errors(task)
+    return run_reporting_errors(task)
 
 
+@config_errors_exit_2
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="average")
 def average_main(cfg: DictConfig) -> None:
     """tmt-average: average the newest checkpoints of a run into one (the paper's last 5 / 20)."""
@@ -121,6 +175,7 @@ def average_main(cfg: DictConfig) -> None:
     run_reporting_errors(task)
 
 
+@config_errors_exit_2
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="export")
 def export_main(cfg: DictConfig) -> None:
     """tmt-export: write a checkpoint as a CTranslate2 model folder (the `export` extra) or,
@@ -135,6 +190,7 @@ def export_main(cfg: DictConfig) -> None:
     run_reporting_errors(task)
 
 
+@config_errors_exit_2
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
 def evaluate_main(cfg: DictConfig) -> None:
     """tmt-eval: translate a split with beam search and score it with sacreBLEU."""
@@ -146,15 +202,22 @@ def evaluate_main(cfg: DictConfig) -> None:
     run_reporting_errors(task)
 
 
+@config_errors_exit_2
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="translate")
 def translate_main(cfg: DictConfig) -> None:
     """tmt-translate: lines of stdin or a file; translations (or n-best lists) to stdout or a
     file, flushed after each batch of lines."""
     from transformer_mt.commands.translate import translate
 
-    run_reporting_errors(lambda: translate(as_job(cfg, TranslateJob)))
+    def task() -> None:
+        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+        check_job_paths(cfg, multirun=multirun, outputs=("output", "attention"))
+        translate(as_job(cfg, TranslateJob))
+
+    run_reporting_errors(task)
 
 
+@config_errors_exit_2
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="serve")
 def serve_main(cfg: DictConfig) -> None:
     """tmt-serve: an HTTP API and a page around one model (needs the `serve` extra)."""

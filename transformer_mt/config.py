@@ -18,9 +18,13 @@ from typing import Any, TypeVar
 
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
+from hydra.errors import HydraException, MissingConfigException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from transformer_mt.errors import ConfigError
+from transformer_mt.launch import world_size
+from transformer_mt.sweeps import register_resolvers as register_sweep_resolvers
 
 
 class SourceKind(str, Enum):
@@ -576,11 +580,11 @@ class ServeJob:
 
 
 def times_ranks(value: float, power: float = 1) -> float:
-    """value x ranks^power, where ranks is the number of processes torchrun started
-    (WORLD_SIZE; 1 without torchrun): the resolver ${tmt.times_ranks:value,power} with which
-    trainer=scaled grows the global batch and the learning rate with the number of GPUs. An int
-    value stays an int with power 1."""
-    ranks = int(os.environ.get("WORLD_SIZE", "1"))
+    """value x ranks^power, where ranks is the number of processes torchrun, Slurm's srun or
+    submitit started (launch.world_size; 1 without them): the resolver
+    ${tmt.times_ranks:value,power} with which trainer=scaled grows the global batch and the
+    learning rate with the number of GPUs. An int value stays an int with power 1."""
+    ranks = world_size(os.environ)
     if isinstance(value, int) and power == 1:
         return value * ranks
     return value * ranks**power
@@ -590,6 +594,7 @@ def register_configs() -> None:
     """Register the schemas that the YAML files in transformer_mt/configs/ extend, and the
     resolvers they use."""
     OmegaConf.register_new_resolver("tmt.times_ranks", times_ranks, replace=True)
+    register_sweep_resolvers()
     store = ConfigStore.instance()
     store.store(name="train_schema", node=TrainJob)
     store.store(name="eval_schema", node=EvalJob)
@@ -624,14 +629,54 @@ JobT = TypeVar("JobT", TrainJob, EvalJob, TranslateJob, AverageJob, ExportJob, S
 
 
 def as_job(cfg: DictConfig, schema: type[JobT]) -> JobT:
-    """The typed job of a composed configuration, or ConfigError when it is another schema's."""
-    job = OmegaConf.to_object(cfg)
+    """The typed job of a composed configuration, or ConfigError when it is another schema's or
+    a value does not resolve (a missing value, an interpolation that fails)."""
+    try:
+        job = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as error:
+        raise ConfigError(config_error_line(error)) from error
     if not isinstance(job, schema):  # a --config-name whose defaults name another schema
         raise ConfigError(
             f"the configuration composed to {type(job).__name__}, not the {schema.__name__} "
             "this command takes: check --config-name and the file's defaults list"
         )
     return job
+
+
+def config_error_line(error: BaseException) -> str | None:
+    """One line for a configuration that Hydra or OmegaConf refused (a value of the wrong type,
+    an unknown key or preset, an override that does not parse, a value that does not resolve),
+    naming the key where there is one; None for any other error."""
+    cause = error.__cause__ if isinstance(error, HydraException) else None
+    refused = error if isinstance(error, OmegaConfBaseException) else cause
+    if isinstance(refused, OmegaConfBaseException):
+        what = first_line(getattr(refused, "msg", None) or str(refused))
+        if isinstance(refused.__cause__, OmegaConfBaseException):  # an interpolation's own error
+            what = f"{what}: {first_line(str(refused.__cause__))}"
+        key = getattr(refused, "full_key", None)
+        return f"config key '{key}': {what}" if key else what
+    if isinstance(error, MissingConfigException):
+        choices = [name for name in error.options or [] if not name.endswith("_schema")]
+        where = f"; the choices: {', '.join(choices)}" if choices else ""
+        extra = EXTRAS.get(error.missing_cfg_file or "", "")
+        return f"{first_line(str(error))}{where}{extra}"
+    if isinstance(error, HydraException):
+        return ": ".join(str(error).strip().split("\n\n")[0].splitlines())
+    return None
+
+
+EXTRAS = {
+    "hydra/sweeper/optuna": " (Optuna's sweeper is the sweep extra: pip install '.[sweep]')",
+    "hydra/launcher/submitit_slurm": " (the submitit launcher is the slurm extra: "
+    "pip install '.[slurm]')",
+    "hydra/launcher/submitit_local": " (the submitit launcher is the slurm extra: "
+    "pip install '.[slurm]')",
+}
+"""What a preset of a missing extra needs, after the line that says it is not found."""
+
+
+def first_line(text: str) -> str:
+    return text.strip().splitlines()[0] if text.strip() else text
 
 
 def config_dict(cfg) -> dict:

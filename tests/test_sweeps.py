@@ -1,0 +1,167 @@
+"""Hydra's own ecosystem on our commands: Optuna's sweeper optimising valid BLEU (the sweep
+preset), folders per job through Hydra's runtime (${hydra:job.num}, ${hydra:job.override_dirname}),
+and outputs that jobs would share refused. Slurm and submitit: tests/train/test_distributed.py,
+tests/train/test_launchers.py."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from toy_runs import TINY_TRAIN, write_toy_files
+
+from transformer_mt.config import CONFIG_DIR, compose_job
+from transformer_mt.run_dir import RunDir
+
+BIN = Path(sys.executable).parent
+QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.max_steps=1"]
+
+
+def tmt(command: str, *args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(BIN / command), *args], cwd=cwd, input=stdin, capture_output=True, text=True
+    )
+
+
+def test_the_sweep_preset_searches_real_keys_and_presets():
+    preset = yaml.safe_load((CONFIG_DIR / "sweep" / "new_pair.yaml").read_text())
+    params = preset["hydra"]["sweeper"]["params"]
+    assert preset["hydra"]["sweeper"]["direction"] == "maximize"
+    job, parser = compose_job("train", []), OverridesParser.create()
+    for key, value in params.items():
+        override = parser.parse_override(f"{key}={value}")
+        assert override.is_sweep_override(), key
+        if key == "model":
+            assert set(override.sweep_string_iterator()) <= {
+                path.stem for path in (CONFIG_DIR / "model").glob("*.yaml")
+            }
+        else:
+            functools.reduce(getattr, key.split("."), job)  # AttributeError: no such key
+
+
+@pytest.mark.slow
+def test_an_optuna_sweep_of_three_trials_reports_the_best_trials_valid_bleu(tmp_path):
+    """Three trials of Hydra's Optuna sweeper (the sweep preset, the learning rate its one free
+    setting), each in run_dir='trials/${hydra:job.num}': a folder per job. The sweeper reports
+    the best trial's valid BLEU, which is the best score recorded in that trial's folder
+    (best.pt's, and its log's)."""
+    data = write_toy_files(tmp_path / "data", sizes=(4000, 16, 16), seed=1, words=(3, 6))
+    fixed = [  # toy_runs.LEARNING, for 80 updates, validated once at the end
+        *(o for o in TINY_TRAIN if o.split("=")[0] not in ("data", "optim.lr_scale")),
+        "data=files",
+        f"data.dir={data}",
+        "data.src_lang=en",
+        "data.tgt_lang=de",
+        "optim.warmup_steps=40",
+        "optim.clip_norm=1.0",
+        "model.dropout=0.1",
+        "optim.label_smoothing=0.1",
+        "trainer.batch_tokens=3000",
+        "trainer.global_batch_tokens=2400",
+        "trainer.max_steps=80",
+        "trainer.valid_every=0",
+        "trainer.valid_bleu_sentences=16",
+        "trainer.num_threads=1",  # steady on shared cores (two threads wait on each other)
+        "trainer.checkpoint_every=0",
+        "decode.max_len_b=5",  # validation's greedy search: short toy sentences
+        f"data.prepared_dir={tmp_path / 'prepared'}",
+    ]
+    command = [
+        "-m",
+        "+sweep=new_pair",
+        *fixed,
+        "hydra.sweeper.n_trials=3",
+        "optim.lr_scale=choice(0.2,0.35,0.5)",
+        "run_dir=trials/${hydra:job.num}",
+    ]
+    done = tmt("tmt-train", *command, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = yaml.safe_load((tmp_path / "trials" / "optimization_results.yaml").read_text())
+    folders = sorted(p for p in (tmp_path / "trials").iterdir() if p.is_dir())
+    assert [p.name for p in folders] == ["0", "1", "2"]
+    scores = {}
+    for folder in folders:
+        start, end = RunDir(folder).history()
+        scale = next(o for o in start["overrides"] if o.startswith("optim.lr_scale="))
+        scores[scale.split("=")[1]] = end["best"]["score"]
+        assert end["best"]["metric"] == "valid BLEU"
+    best_scale = str(results["best_params"]["optim.lr_scale"])
+    assert results["best_value"] == scores[best_scale] == max(scores.values()) > 0
+    best_folder = next(
+        f for f in folders if f"optim.lr_scale={best_scale}" in RunDir(f).history()[0]["overrides"]
+    )
+    best = torch.load(best_folder / "checkpoints" / "best.pt", weights_only=True)
+    assert best["progress"]["best_score"] == results["best_value"]
+    assert f"BLEU {results['best_value']:.2f}" in (best_folder / "train.log").read_text()
+    assert f"Best value: {results['best_value']}" in done.stderr
+
+
+# A short command line: ${hydra:job.override_dirname} names a folder after it.
+SMALL = [
+    "data=toy",
+    "data.toy_sizes=[400,20,20]",
+    "data.vocab_size=400",
+    "model=tiny",
+    "trainer.batch_tokens=1024",
+    "trainer.global_batch_tokens=900",
+    "trainer.num_threads=1",
+    *QUICK,
+]
+
+
+@pytest.mark.slow
+def test_hydra_runtime_in_paths_names_a_folder_or_file_per_job_and_a_rerun_resumes(tmp_path):
+    """Issue 59, finding 13: run_dir='runs/${hydra:job.override_dirname}'
+    crashed with and without -m, and every job of `tmt-translate -m ... output=o.txt` wrote the
+    same file. Now: one folder without -m, one per job with -m (resumed by the same command),
+    and an output every job would share refused before anything is written."""
+    prepared = f"data.prepared_dir={tmp_path / 'prepared'}"
+    done = tmt(
+        "tmt-train", *SMALL, prepared, "run_dir=one/${hydra:job.override_dirname}", cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (single,) = (tmp_path / "one").iterdir()  # the overrides, the folders' own left out
+    assert single.name.startswith("data.toy_sizes=[400,20,20],data.vocab_size=400,data=toy,")
+    assert "run_dir" not in single.name and "prepared_dir" not in single.name
+    assert RunDir(single).history()[-1]["how"] == "finished"
+
+    sweep = [
+        "-m",
+        *SMALL,
+        prepared,
+        "trainer.seed=1,2",
+        "run_dir=many/${hydra:job.override_dirname}",
+    ]
+    for attempt in ("first", "again"):
+        done = tmt("tmt-train", *sweep, cwd=tmp_path)
+        assert done.returncode == 0, (attempt, done.stderr[-3000:])
+    folders = sorted(p for p in (tmp_path / "many").iterdir() if p.is_dir())
+    assert [f"trainer.seed={seed}," in f.name for seed, f in enumerate(folders, 1)] == [True] * 2
+    for folder in folders:  # the second sweep resumed each job's own folder
+        kinds = [(r["event"], r.get("kind")) for r in RunDir(folder).history()]
+        assert kinds == [("start", "new"), ("end", None), ("start", "resume"), ("end", None)]
+
+    (tmp_path / "in.txt").write_text("a b c\nd e\n")
+    translate = [
+        "-m",
+        f"run_dir='{single}'",
+        "decode=greedy",
+        "decode.beam_size=1,2",
+        "input=in.txt",
+    ]
+    refused = tmt("tmt-translate", *translate, "output=o.txt", cwd=tmp_path)
+    lines = [line for line in refused.stderr.splitlines() if "][ERROR]" in line]  # not Hydra's
+    assert refused.returncode == 2 and len(lines) == 1, refused.stderr  # launcher's INFO lines
+    assert "Traceback" not in refused.stderr
+    assert "config key 'output': under -m every job would write o.txt" in lines[0]
+    assert not (tmp_path / "o.txt").exists()
+    done = tmt("tmt-translate", *translate, "output=o.${decode.beam_size}.txt", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for beam in (1, 2):
+        assert len((tmp_path / f"o.{beam}.txt").read_text().splitlines()) == 2
