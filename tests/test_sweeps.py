@@ -6,6 +6,7 @@ tests/train/test_launchers.py."""
 from __future__ import annotations
 
 import functools
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,6 @@ from transformer_mt.config import CONFIG_DIR, compose_job
 from transformer_mt.run_dir import RunDir
 
 BIN = Path(sys.executable).parent
-QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.max_steps=1"]
 
 
 def tmt(command: str, *args: str, cwd: Path, stdin: str = "") -> subprocess.CompletedProcess:
@@ -111,7 +111,8 @@ SMALL = [
     "trainer.batch_tokens=1024",
     "trainer.global_batch_tokens=900",
     "trainer.num_threads=1",
-    *QUICK,
+    "trainer.valid_every=0",
+    "trainer.valid_bleu_sentences=0",
 ]
 
 
@@ -119,33 +120,46 @@ SMALL = [
 def test_hydra_runtime_in_paths_names_a_folder_or_file_per_job_and_a_rerun_resumes(tmp_path):
     """Issue 59, finding 13: run_dir='runs/${hydra:job.override_dirname}'
     crashed with and without -m, and every job of `tmt-translate -m ... output=o.txt` wrote the
-    same file. Now: one folder without -m, one per job with -m (resumed by the same command),
-    and an output every job would share refused before anything is written."""
+    same file. Now: one folder without -m, one per job with -m (a sweep stopped by a signal is
+    resumed by the same command), and an output every job would share refused before anything
+    is written."""
     prepared = f"data.prepared_dir={tmp_path / 'prepared'}"
-    done = tmt(
-        "tmt-train", *SMALL, prepared, "run_dir=one/${hydra:job.override_dirname}", cwd=tmp_path
-    )
+    one = ["trainer.max_steps=1", "run_dir=one/${hydra:job.override_dirname}"]
+    done = tmt("tmt-train", *SMALL, prepared, *one, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (single,) = (tmp_path / "one").iterdir()  # the overrides, the folders' own left out
     assert single.name.startswith("data.toy_sizes=[400,20,20],data.vocab_size=400,data=toy,")
     assert "run_dir" not in single.name and "prepared_dir" not in single.name
     assert RunDir(single).history()[-1]["how"] == "finished"
 
-    sweep = [
-        "-m",
-        *SMALL,
-        prepared,
-        "trainer.seed=1,2",
-        "run_dir=many/${hydra:job.override_dirname}",
-    ]
-    for attempt in ("first", "again"):
-        done = tmt("tmt-train", *sweep, cwd=tmp_path)
-        assert done.returncode == 0, (attempt, done.stderr[-3000:])
+    # A sweep of two jobs, stopped by SIGTERM in job 0's training: the checkpoint is written,
+    # the sweep ends there with exit 0; the same command again resumes job 0, then runs job 1.
+    sweep = ["-m", *SMALL, prepared, "trainer.max_steps=6", "trainer.log_every=1"]
+    sweep += ["trainer.seed=1,2", "run_dir=many/${hydra:job.override_dirname}"]
+    stopped = subprocess.Popen(
+        [str(BIN / "tmt-train"), *sweep], cwd=tmp_path, stderr=subprocess.PIPE, text=True
+    )
+    for line in stopped.stderr:
+        if " - update 1 epoch" in line:  # inside the loop: the stop signals are installed
+            stopped.send_signal(signal.SIGTERM)
+            break
+    said = stopped.stderr.read()
+    assert stopped.wait(timeout=120) == 0, said[-3000:]
+    assert "the sweep ends at job 0" in said
+    (folder0,) = (p for p in (tmp_path / "many").iterdir() if p.is_dir())  # job 1 never began
+    assert RunDir(folder0).history()[-1]["how"] == "stop signal"
+    done = tmt("tmt-train", *sweep, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
     folders = sorted(p for p in (tmp_path / "many").iterdir() if p.is_dir())
+    assert folders[0] == folder0
     assert [f"trainer.seed={seed}," in f.name for seed, f in enumerate(folders, 1)] == [True] * 2
-    for folder in folders:  # the second sweep resumed each job's own folder
-        kinds = [(r["event"], r.get("kind")) for r in RunDir(folder).history()]
-        assert kinds == [("start", "new"), ("end", None), ("start", "resume"), ("end", None)]
+    histories = [
+        [(r["event"], r.get("kind") or r["how"]) for r in RunDir(f).history()] for f in folders
+    ]
+    assert histories == [
+        [("start", "new"), ("end", "stop signal"), ("start", "resume"), ("end", "finished")],
+        [("start", "new"), ("end", "finished")],
+    ]
 
     (tmp_path / "in.txt").write_text("a b c\nd e\n")
     translate = [

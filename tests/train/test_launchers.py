@@ -5,7 +5,13 @@ The trainings themselves: tests/train/test_distributed.py."""
 
 from __future__ import annotations
 
+import json
+import os
 import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +26,7 @@ from transformer_mt.launch import (
     unused_slurm_tasks,
     world_size,
 )
+from transformer_mt.run_dir import RunDir
 from transformer_mt.train import signals
 from transformer_mt.train.distributed import cuda_index
 from transformer_mt.train.trainer import Trainer
@@ -154,3 +161,71 @@ def test_pass_on_leaves_default_handlers_and_ctrl_c_alone(monkeypatch):
     monkeypatch.setattr(signal, "getsignal", lambda number: signal.SIG_DFL)
     signals.pass_on("SIGTERM")  # the default handler would end the process: the run has stopped
     assert called == [signal.SIGTERM]
+
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "slurm_train.sbatch"
+# srun as Slurm runs a step of 2 tasks on one node: each task the command, with Slurm's
+# variables; its status the first failure's.
+FAKE_SRUN = """#!/bin/bash
+while [[ $1 == --* ]]; do shift; done
+pids=()
+for rank in 0 1; do
+    SLURM_STEP_ID=0 SLURM_NTASKS=2 SLURM_STEP_NUM_TASKS=2 SLURM_PROCID=$rank \\
+    SLURM_LOCALID=$rank SLURM_NODEID=0 SLURM_STEP_NODELIST=localhost \\
+    SLURM_STEP_TASKS_PER_NODE=2 "$@" 2> "task$rank.err" &
+    pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
+"""
+
+
+@pytest.mark.slow
+def test_the_sbatch_example_trains_over_srun_tasks_and_requeues_a_stopped_run(
+    tiny_overrides, tmp_path
+):
+    """scripts/slurm_train.sbatch under a stand-in for srun (2 tasks, Slurm's variables only):
+    one training of 2 ranks, written by rank 0; a run whose last record is a stop by signal is
+    queued again (scontrol requeue), a finished one is not."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text(FAKE_SRUN)
+    (bin_dir / "scontrol").write_text('#!/bin/bash\necho "$@" >> scontrol.calls\n')
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / "bin").symlink_to(Path(sys.executable).parent)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "WORLD_SIZE"))}
+    environ.update(PATH=f"{bin_dir}:{environ['PATH']}", SLURM_JOB_ID="77", MASTER_PORT=str(port))
+    overrides = [
+        *tiny_overrides,
+        "trainer.max_steps=2",
+        "trainer.valid_every=0",
+        "trainer.valid_bleu_sentences=0",
+        "trainer.num_threads=1",
+        f"data.prepared_dir={tmp_path / 'prepared'}",
+    ]
+
+    def sbatch() -> subprocess.CompletedProcess:
+        command = ["bash", str(SCRIPT), "run", *overrides]
+        return subprocess.run(
+            command, cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=600
+        )
+
+    done = sbatch()
+    assert done.returncode == 0, done.stderr + (tmp_path / "task0.err").read_text()
+    start, end = RunDir(tmp_path / "run").history()
+    assert (start["world_size"], end["how"], end["step"]) == (2, "finished", 2)
+    assert "2 ranks from Slurm (srun)" in (tmp_path / "task0.err").read_text()
+    assert not (tmp_path / "scontrol.calls").exists()
+
+    # A stop by signal as the last record (the time limit's SIGUSR1): queued again.
+    stopped = {**end, "how": "stop signal", "reason": "stop signal (SIGUSR1)"}
+    with open(tmp_path / "run" / "history.jsonl", "a") as history:
+        history.write(json.dumps(stopped) + "\n")
+    (bin_dir / "srun").write_text("#!/bin/bash\nexit 0\n")  # the run has stopped: nothing to do
+    done = sbatch()
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "scontrol.calls").read_text() == "requeue 77\n"
