@@ -41,6 +41,9 @@ from transformer_mt.sweeps import check_job_paths
 
 log = logging.getLogger("transformer_mt")
 CONFIG_PATH = str(CONFIG_DIR)
+JOBS_APART = "hydra_plugins.hydra_submitit_launcher."
+"""Launchers that run each job in processes of their own: a job stopped by a signal ends
+alone (its launcher requeues it), where in one process it ends the sweep."""
 register_configs()
 
 
@@ -142,6 +145,8 @@ def train_main(cfg: DictConfig) -> float | None:
         checkpoint = train(job, overrides)
         end = RunDir(job.run_dir).history()[-1]
         if sweeping and end["how"] == "stop signal":
+            if str(hydra_cfg.launcher._target_).startswith(JOBS_APART):
+                return None  # submitit's handler has had the signal: it requeues the job
             log.warning(
                 "stopped by a signal: the sweep ends at job %d (the same command resumes it: "
                 "finished jobs return their best score, this one continues)",
