@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+import traceback
 from collections.abc import Callable
 
 import hydra
@@ -61,7 +62,8 @@ def config_errors_exit_2(main: Callable[[], object]) -> Callable[[], object]:
     refuses before the command starts (a value of the wrong type, an unknown key or preset, an
     override that does not parse) as one line naming the key and exit code 2, as for the
     project's own checks, where Hydra prints several lines and exits 1, as for a crash. Hydra
-    hands its errors over under HYDRA_FULL_ERROR=1; a user who set it gets the traceback."""
+    hands its errors over under HYDRA_FULL_ERROR=1; a user who set it gets the traceback. A crash
+    is printed as Hydra prints it: from the command's own frames on, exit 1."""
 
     @functools.wraps(main)
     def command(*args, **kwargs):
@@ -74,11 +76,22 @@ def config_errors_exit_2(main: Callable[[], object]) -> Callable[[], object]:
         except Exception as error:
             line = config_error_line(error)
             if line is None:
-                raise
+                print_from_the_command(error)
+                sys.exit(1)
             log.error("%s", line)
             sys.exit(2)
 
     return command
+
+
+def print_from_the_command(error: BaseException) -> None:
+    """A crash's traceback from the frames below Hydra's run_job on (the command's own), as
+    Hydra prints it without HYDRA_FULL_ERROR; whole where run_job is not among them."""
+    frames = error.__traceback__
+    while frames is not None and frames.tb_frame.f_code.co_name != "run_job":
+        frames = frames.tb_next
+    below = frames.tb_next if frames is not None else error.__traceback__
+    traceback.print_exception(type(error), error, below)
 
 
 def run_reporting_errors(task: Callable[[], object]) -> object:
