@@ -126,7 +126,12 @@ def test_a_stop_signal_goes_on_to_a_launchers_handler_after_the_checkpoint(
     """submitit installs a Python handler for its pre-emption signal (SIGUSR2), which requeues
     the job. The trainer's replaces it while training; SIGUSR2 stops the run with a checkpoint,
     and then submitit's handler is called, once the checkpoint is on disk."""
-    job = tiny_train_job("trainer.max_steps=50", "trainer.valid_every=0", "trainer.log_every=1")
+    job = tiny_train_job(
+        "trainer.max_steps=50",
+        "trainer.valid_every=0",
+        "trainer.log_every=1",
+        "trainer.num_threads=1",
+    )
     called: list[int] = []
     checkpoints = f"{job.run_dir}/checkpoints"
 
