@@ -96,7 +96,27 @@ from transformer_mt.train.compiling import CACHE_SETTING
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 3  # --probe's exit status without a GPU; gpu_check.sh turns it into 0
-REQUIRED = ("hydra", "omegaconf", "sentencepiece", "sacrebleu", "tensorboard", "tqdm", "numpy")
+# The distributions the check's runs import (by their import names), checked before it starts:
+# those the lent machine's image lacks come as wheels (gpu_check.sh's WHEELS); the others are in
+# it (tests/test_gpu_check.py checks both lists against what the runs import).
+REQUIRED_DISTRIBUTIONS = {
+    "hydra-core": "hydra",
+    "omegaconf": "omegaconf",
+    "antlr4-python3-runtime": "antlr4",
+    "sacremoses": "sacremoses",
+    "sentencepiece": "sentencepiece",
+    "sacrebleu": "sacrebleu",
+    "tensorboard": "tensorboard",
+    "tqdm": "tqdm",
+    "numpy": "numpy",
+}
+# The modules the check's commands run (python -m, the tmt-* commands they start).
+RUN_MODULES = (
+    "benchmarks.gpu_check", "benchmarks.bench_train", "benchmarks.gpu_decoding",
+    "benchmarks.gpu_recipe", "benchmarks.profile_step", "transformer_mt.cli",
+    "transformer_mt.commands.prepare", "transformer_mt.commands.train",
+    "transformer_mt.commands.average", "transformer_mt.commands.evaluate",
+)  # fmt: skip
 PREPARE_WHEELS = "bash benchmarks/gpu_check.sh --prepare-wheels"
 TRAIN = "from transformer_mt.cli import train_main; train_main()"
 EVALUATE = "from transformer_mt.cli import evaluate_main; evaluate_main()"
@@ -740,7 +760,11 @@ def main() -> int:
         return probe()
     if not args.rehearse_on_cpu and (status := probe()) != 0:
         return 0 if status == NO_GPU else status
-    missing = [name for name in REQUIRED if importlib.util.find_spec(name) is None]
+    missing = [
+        name
+        for name, module in REQUIRED_DISTRIBUTIONS.items()
+        if importlib.util.find_spec(module) is None
+    ]
     if missing:
         print(
             f"gpu-check: {', '.join(missing)} not importable by {sys.executable}: pip install -e "

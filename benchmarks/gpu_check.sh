@@ -19,7 +19,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT" || exit 1
 
-WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 ctranslate2==4.8.5)
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 sacremoses==0.2.0)
 SDIST_WHEELS=(antlr4-python3-runtime==4.9.3)  # published as source only: built here (pure Python)
 
 if [ -n "${PYTHON:-}" ]; then
