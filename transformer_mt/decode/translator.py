@@ -79,14 +79,16 @@ def backend_offers(backend: SearchBackend) -> tuple[tuple[DecodePrecision, ...],
     )
 
 
+def backend_device(backend: SearchBackend) -> torch.device:
+    """The torch device a backend searches on (ours: its `device`); the CPU for the others."""
+    device = getattr(backend, "device", None)
+    return device if isinstance(device, torch.device) else torch.device("cpu")
+
+
 def default_batch_tokens(backend: SearchBackend) -> int:
     """decode.batch_tokens=null for this backend: the default of the device it runs on
-    (execution.decode_batch_tokens), for a backend with a torch `device` (ours); the CPU's for
-    the others."""
-    device = getattr(backend, "device", None)
-    if not isinstance(device, torch.device):
-        device = torch.device("cpu")
-    return decode_batch_tokens(device)
+    (execution.decode_batch_tokens, `backend_device`)."""
+    return decode_batch_tokens(backend_device(backend))
 
 
 @runtime_checkable
@@ -160,6 +162,8 @@ class ModelSearch:
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
             "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
+            # sources of one length (decode.source_lengths=equal): attention masks nothing
+            "src_padded": len({len(s) for s in sources}) > 1,
         }
         policy = ExecutionPolicy.for_decoding(decode, self.device)
         with policy.forward():
@@ -419,13 +423,17 @@ class Translator:
 
     def batches(self, ids: list[list[int]], decode: DecodeConfig | None = None) -> list[list[int]]:
         """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens
-        (None: the defaults')."""
-        budget = self.checked(decode).batch_tokens
+        (None: the defaults'); where the call's execution policy asks for batches of one source
+        length (decode.source_lengths), a batch also ends where the length changes."""
+        decode = self.checked(decode)
+        budget = decode.batch_tokens
+        policy = ExecutionPolicy.for_decoding(decode, backend_device(self.backend))
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
         batches, current, longest = [], [], 0
         for index in order:
             width = len(self.cut([ids[index]])[0]) + 1
-            if current and max(longest, width) * (len(current) + 1) > budget:
+            new_length = policy.equal_source_lengths and width != longest
+            if current and (new_length or max(longest, width) * (len(current) + 1) > budget):
                 batches.append(current)
                 current, longest = [], 0
             current.append(index)
