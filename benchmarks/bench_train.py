@@ -105,7 +105,7 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer_mt.device import keep_freed_host_memory
+from transformer_mt.device import keep_freed_host_memory, set_up_process
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.export.transformers import import_transformers, marian_shape
@@ -348,8 +348,7 @@ def worker(
     """Build one model, then run the update indices the parent sends, timing each block (up to
     the device's last kernel). `data`: None prepares (reads the cache of) the job's corpus."""
     torch.set_num_threads(threads)
-    if device.type == "cpu":  # as tmt-train sets its process up (commands/train.py), for both
-        keep_freed_host_memory()
+    set_up_process(str(device))  # as tmt-train sets its process up, for both models
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]
@@ -867,8 +866,8 @@ def parse_args():
 
 def main() -> None:
     args = parse_args()
-    print(*report_header("make bench: training throughput, ours beside Marian"), sep="\n")
-    device = torch.device(args.device)
+    device = set_up_process(args.device)  # the allocator's settings reach the workers too
+    print(*report_header("make bench: training throughput, ours beside Marian", device), sep="\n")
     kinds = chosen_columns(args)
     with tempfile.TemporaryDirectory() as run_dir:
         job = compose(args, run_dir)

@@ -52,6 +52,7 @@ from transformer_mt.config import BatchShape, DecodeConfig, compose_job
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.tokenizer import EOS_ID, PAD_ID, Tokenizers
 from transformer_mt.decode.translator import ModelSearch, Translator
+from transformer_mt.device import set_up_process
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.export.transformers import (
@@ -245,8 +246,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=4)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    print(*report_header("beam search on one device: ours beside transformers' generate"), sep="\n")
+    device = set_up_process(args.device)  # as tmt-train's: the allocator, TF32
+    title = "beam search on one device: ours beside transformers' generate"
+    print(*report_header(title, device), sep="\n")
     workloads = REHEARSAL_WORKLOADS if args.rehearsal else GPU_WORKLOADS
     first = measure(workloads[0], device)
     for workload in workloads[1:]:

@@ -11,10 +11,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from benchmarks import gpu_check
+from benchmarks import bench_decode, bench_train, gpu_check, gpu_decoding
+from transformer_mt import device
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,3 +113,57 @@ def test_the_wheels_and_the_preflight_cover_every_requirement_the_image_lacks():
     assert needed <= carried, needed - carried
     checked = {canonicalize_name(name) for name in gpu_check.REQUIRED_DISTRIBUTIONS}
     assert needed <= checked, needed - checked
+
+
+class SetUp(Exception):  # noqa: N818  (not an error: where a benchmark stopped, on purpose)
+    """Raised by a stand-in for set_up_process: the device a benchmark set its process up for."""
+
+
+def set_up_first(monkeypatch, module) -> None:
+    def recorded(name: str):
+        raise SetUp(name)
+
+    monkeypatch.setattr(module, "set_up_process", recorded)
+
+
+@pytest.mark.parametrize(
+    "module,argv",
+    [
+        (bench_train, ["bench_train", "--device", "cuda:0"]),
+        (gpu_decoding, ["gpu_decoding", "--device", "cuda:0"]),
+        (bench_decode, ["bench_decode", "--generated", "10", "--device", "cuda:0"]),
+    ],
+)
+def test_the_gpu_benchmarks_set_their_process_up_as_tmt_train_does(monkeypatch, module, argv):
+    """Before they start CUDA: the allocator's expandable segments and TF32, as tmt-train has
+    them (device.set_up_process), so that they time the allocator a training run uses."""
+    set_up_first(monkeypatch, module)
+    monkeypatch.setattr(sys, "argv", argv)
+    with pytest.raises(SetUp, match="^cuda:0$"):
+        module.main()
+    if module is bench_train:  # and each model's own process
+        with pytest.raises(SetUp, match="^cuda:0$"):
+            bench_train.worker("ours", None, None, 0, [], 1, torch.device("cuda", 0), None)
+
+
+def test_set_up_process_gives_cuda_expandable_segments_before_it_starts_and_tf32(monkeypatch):
+    started_with = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: started_with.append(
+        os.environ.get("PYTORCH_ALLOC_CONF")))  # fmt: skip
+    for name in device.ALLOCATOR_SETTINGS:
+        monkeypatch.delenv(name, raising=False)
+    precision = torch.get_float32_matmul_precision()
+    try:
+        torch.set_float32_matmul_precision("highest")  # torch's default: TF32 off
+        assert device.set_up_process("cuda:0") == torch.device("cuda", 0)
+        assert torch.backends.cuda.matmul.allow_tf32
+        assert device.describe_set_up(torch.device("cuda", 0)) == (
+            "cuda:0: CUDA allocator PYTORCH_ALLOC_CONF=expandable_segments:True; TF32 for float32 "
+            "products on"
+        )
+    finally:
+        torch.set_float32_matmul_precision(precision)
+    assert os.environ["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert started_with in ([], ["expandable_segments:True"])
