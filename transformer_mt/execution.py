@@ -23,9 +23,10 @@ Flash attention takes no mask. A batch whose sentences are padded to its longest
 key-padding mask in the encoder's self-attention and in the cross-attention, so those calls (12
 of a training update's 18 in the base model) ran the memory-efficient kernel, and only the
 decoder's self-attention (causal, no mask: right-padded targets are queries only, and no real
-query sees a later pad) took flash. With `equal_source_lengths` every batch holds sentences of
-one source length: nothing to mask, and every call can take flash (data/batching.py: the same
-token budgets, cut where the source length changes; `Batch.src_padded`, `EncoderOutput.padded`).
+query sees a later pad) took flash. With `equal_source_lengths` a batch holds sentences of one
+source length wherever a length fills half a batch: nothing to mask, and every call can take
+flash (data/batching.one_length_batches: the same token budgets; `Batch.src_padded`,
+`EncoderOutput.padded`); the sentences a length leaves over are packed together, masked.
 """
 
 from __future__ import annotations
@@ -81,16 +82,13 @@ AUTO_COMPILE_OFF = {
     "one (benchmarks/gpu.txt)",
 }
 
-# source_lengths=auto: the device kinds whose batches hold one source length each, in training
-# and in decoding (elsewhere: sentences of similar lengths, padded and masked). Training on CUDA:
-# every attention call can then take flash (the module's docstring), and a WMT-sized corpus
-# has thousands of pairs of every length, so the batches stay full (benchmarks/batch_plan.txt);
-# on the CPU, where no kernel is passed over for a mask, today's batches stay until measured.
-# Decoding nowhere yet: a test set has few sentences of each length, so one batch becomes tens,
-# each as many steps long as its longest output (the Multi30k test's 1,000 sentences: one batch
-# of 16,384 source tokens becomes about 30), and a GPU's decoding step is bound by its kernel
-# launches, not by attention; `make gpu-check`'s decoding levers time both.
-AUTO_EQUAL_SOURCES = {"training": ("cuda",), "decoding": ()}
+# source_lengths=auto: the device kinds whose batches hold one source length wherever a length
+# fills half a batch (data/batching.one_length_batches), in training and in decoding; elsewhere
+# sentences of similar lengths, padded and masked. On CUDA every attention call of such a batch
+# can take flash (the module's docstring), for as many batches as similar lengths give
+# (benchmarks/batch_plan.txt: 99.5% of a WMT-sized epoch's target tokens, 85-96% of
+# Multi30k's). On the CPU, whose flash kernel takes masks, today's batches stay until measured.
+AUTO_EQUAL_SOURCES = {"training": ("cuda",), "decoding": ("cuda",)}
 
 # decode.batch_tokens=null by device kind; a kind not named here gets the CPU's. The CPU's 4,000
 # source tokens is the setting bench_decode has measured with (benchmarks/decode.txt); CUDA's is
@@ -129,8 +127,9 @@ class ExecutionPolicy:
     the CPU finished sentences leave the batch, decided on the host after each step: fewer rows
     to compute, and the copy waits for nothing."""
     equal_source_lengths: bool = False
-    """Each batch holds sentences of one source length (trainer.source_lengths,
-    decode.source_lengths): attention needs no key-padding mask (the module's docstring)."""
+    """Batches hold sentences of one source length wherever a length fills half a batch
+    (trainer.source_lengths, decode.source_lengths): their attention needs no key-padding mask
+    (the module's docstring)."""
     compile_backend: str = "inductor"
     """torch.compile's backend where the policy compiles: Inductor (generated kernels). A CPU
     rehearsal of the GPU check passes aot_eager, which traces the same graphs (Dynamo's guards
