@@ -1,6 +1,7 @@
-"""make gpu-check (benchmarks/gpu_check.py) on a machine like the lent GPU machine: its code runs
-with only the packages of that machine's image and the wheels gpu_check.sh carries, and its
-preflight asks for every package the image lacks."""
+"""make gpu-check (benchmarks/gpu_check.py): two commands of at most 5 minutes each, rehearsed
+on the CPU with every figure they print; its code runs with only the packages of the lent GPU
+machine's image and the wheels gpu_check.sh carries, and its preflight asks for every package
+the image lacks; the GPU benchmarks set their process up as tmt-train does."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from benchmarks import bench_decode, bench_train, gpu_check, gpu_decoding
+from benchmarks.wmt_first_hour import seconds_per_update, validation_seconds
 from transformer_mt import device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,7 +145,9 @@ def test_the_gpu_benchmarks_set_their_process_up_as_tmt_train_does(monkeypatch, 
         module.main()
     if module is bench_train:  # and each model's own process
         with pytest.raises(SetUp, match="^cuda:0$"):
-            bench_train.worker("ours", None, None, 0, [], 1, torch.device("cuda", 0), None)
+            bench_train.worker(
+                "ours", None, None, 0, [], 1, torch.device("cuda", 0), "inductor", None
+            )
 
 
 def test_set_up_process_gives_cuda_expandable_segments_before_it_starts_and_tf32(monkeypatch):
@@ -167,3 +171,103 @@ def test_set_up_process_gives_cuda_expandable_segments_before_it_starts_and_tf32
         torch.set_float32_matmul_precision(precision)
     assert os.environ["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
     assert started_with in ([], ["expandable_segments:True"])
+
+
+def test_the_prepared_run_is_two_commands_of_at_most_five_minutes_each(tmp_path):
+    """`make gpu-check` with no argument: the first command (kernels, base eager and compiled,
+    beam search) and the second (the Multi30k recipe), each within 300 s set-up included (the
+    parts' limits: a part stopped at its limit keeps what it printed); the rest optional."""
+    report = gpu_check.Report(tmp_path / "gpu.txt", tmp_path / "gpu.log")
+    args = gpu_check.main_parser().parse_args([])
+    assert args.parts == ["speed", "recipe"]
+    for group, names in (
+        ("speed", ["attention kernels", "base eager", "base compiled", "beam search"]),
+        ("recipe", ["multi30k recipe"]),
+    ):
+        args.parts = [group]
+        parts = gpu_check.chosen_parts(args, gpu_check.GPU, report)
+        assert [part.name for part in parts] == names
+        assert sum(part.limit for part in parts) <= 300 - 10  # the wheels' install: seconds
+
+
+def rehearse(tmp_path: Path, group: str) -> str:
+    """`gpu_check.sh --rehearse-on-cpu --parts GROUP`'s report; every part must end well."""
+    output = tmp_path / "gpu.txt"
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh", "--rehearse-on-cpu", "--parts", group, "--output",
+         str(output), "--log", str(tmp_path / "gpu_check.log")],
+        cwd=ROOT, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    report = output.read_text()
+    assert done.returncode == 0, report[-3000:] + done.stderr[-2000:]
+    return report
+
+
+RECORDED = {
+    "kernels": r"^training, trainer\.source_lengths=equal \(one source length a batch; .*\n  "
+    r"encoder self-attention \w+; decoder self-attention \w+; cross-attention \w+$",
+    "eager pass": r"^  \.\. pass 2 of 2, ours: [\d,]+ target tok/s, [\d.]+ TFLOP/s, MFU .*, "
+    r"[\d.]+ s/update$",
+    "eager ratio": r"^  \.\. ours: pass 1 \(shapes unseen\) took [\d.]+x the last pass's time",
+    "warm-up": r"^  \.\. ours compiled: 1 warm-up update\(s\) in [\d.]+ s$",
+    "graphs": r"^  \.\. ours compiled: torch\.compile by the warm-up: 3 graph\(s\), \d+ "
+    r"recompile\(s\)$",
+    "compiled pass": r"^  \.\. pass 2 of 2, ours compiled: [\d,]+ target tok/s, .*, MFU ",
+    "compiled ratio": r"^  \.\. ours compiled: pass 1 \(shapes unseen\) took [\d.]+x",
+    "beam search": r"^  ours / transformers' speed: [\d.]+x; BLEU of ours against theirs",
+}
+
+
+@pytest.mark.slow
+def test_the_first_command_rehearses_on_the_cpu_and_prints_every_figure(tmp_path):
+    """The kernel of each call site, base eager and compiled in two passes (the pass figures,
+    the unseen-shapes ratio, the compile's warm-up and graphs), beam search beside transformers'
+    generate on both workloads: as small as it goes (tiny models, torch.compile's eager
+    backend). Slow: about 40 s on a 2-core machine."""
+    pytest.importorskip("transformers", reason="the hf extra (make install) is not installed")
+    report = rehearse(tmp_path, "speed")
+    for name, pattern in RECORDED.items():
+        assert re.search(pattern, report, re.MULTILINE), (name, report[-4000:])
+    assert report.count("ours / transformers' speed:") == 2  # Multi30k-like and WMT-length
+    summary = report[report.index("== summary") :].splitlines()[1:-1]
+    assert len(summary) == 4 and all(" ok, " in line for line in summary), summary
+
+
+@pytest.mark.slow
+def test_the_second_command_rehearses_the_multi30k_recipe_on_the_cpu(tmp_path):
+    """From a fresh run folder on a generated corpus in Multi30k's layout: tmt-train
+    --config-name multi30k_gpu (its log lines as they come), tmt-average, tmt-eval with
+    averaged.pt and alpha=auto, the test BLEU and the wall time. About 20 s here."""
+    report = rehearse(tmp_path, "recipe")
+    for step in (
+        "tmt-train --config-name multi30k_gpu: ok",
+        "tmt-average last=auto: ok",
+        "tmt-eval checkpoint=averaged.pt decode.length_penalty=auto: ok",
+    ):
+        assert step in report, report[-3000:]
+    assert re.search(
+        r"^   [\d:]{8} stopped: reached trainer.max_steps=6 after 6 updates", report, re.M
+    )
+    assert re.search(r"^recipe: test BLEU [\d.]+ in \d+ s of wall time", report, re.M), report
+
+
+LOG = [
+    "[2026-12-04 17:40:00,000][transformer_mt.train.metrics][INFO] - update 50 epoch 0 loss=9.1 "
+    "nll=9.0 ppl=8100.00 lr=1.0e-04 gnorm=1.0 tok/s=100000 elapsed=0.2min",
+    "[2026-12-04 17:41:00,000][transformer_mt.train.metrics][INFO] - update 100 epoch 0 loss=8.0 "
+    "nll=7.9 ppl=2700.00 lr=2.0e-04 gnorm=1.0 tok/s=250000 mfu=0.1 mfu_padded=0.1 elapsed=0.3min",
+    "[2026-12-04 17:41:00,500][transformer_mt.train.trainer][INFO] - stopped: reached "
+    "trainer.max_steps=100 after 100 updates, 0.3 min of training",
+    "[2026-12-04 17:41:42,750][transformer_mt.train.metrics][INFO] - update 100: valid loss 7.5, "
+    "nll 7.4, ppl 1600.00, BLEU 0.50",
+]
+
+
+def test_wmt_first_hours_projection_reads_the_late_windows_and_the_validation_from_the_log():
+    """Seconds an update from the windows after the first half only (the first is the warm-up);
+    the validation from 'stopped' to its result (benchmarks/wmt_first_hour.py, an optional
+    run)."""
+    assert seconds_per_update(LOG, 25_000, after=50) == pytest.approx(0.1)
+    assert seconds_per_update(LOG, 25_000, after=0) == pytest.approx((0.25 + 0.1) / 2)
+    assert validation_seconds(LOG) == pytest.approx(42.25)

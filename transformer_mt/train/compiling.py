@@ -71,6 +71,18 @@ def count_recompiles() -> None:
         callback_handler.register_end_callback(RECOMPILES)
 
 
+def recompile_reasons() -> list[str]:
+    """Why each recompile so far in this process happened, as Dynamo recorded it
+    (torch._dynamo.utils.guard_failures): the frame, and the first line of the guard that
+    failed."""
+    return [
+        f"{code.co_name} ({Path(code.co_filename).name}:{code.co_firstlineno}): "
+        f"{str(reason).strip().splitlines()[0] if str(reason).strip() else '?'}"
+        for code, reasons in list(torch._dynamo.utils.guard_failures.items())
+        for reason in reasons
+    ]
+
+
 class CompileWatch:
     """Logs the compiler's counts as they change, and warns when one frame keeps recompiling:
     torch._dynamo.config.recompile_limit is a limit per frame (the graphs it keeps for one code
