@@ -187,6 +187,10 @@ def test_recompiles_are_counted_and_warned_about_at_the_limit(caplog):
             watch.check(length)
     assert CompileCounts.now().recompiles - before == 2
     assert "torch.compile recompiled" in caplog.text
+    # and why: at each recompile, the guard each earlier graph failed (the length: 3, then 4)
+    logged = [r.getMessage() for r in caplog.records]
+    reasons = [m for m in logged if m.startswith("torch.compile recompiled <lambda>")]
+    assert len(reasons) >= 2 and all("size mismatch" in m for m in reasons), reasons
 
 
 @pytest.mark.slow

@@ -84,7 +84,8 @@ def recompile_reasons() -> list[str]:
 
 
 class CompileWatch:
-    """Logs the compiler's counts as they change, and warns when one frame keeps recompiling:
+    """Logs the compiler's counts as they change, each new recompile's reason (the guard that
+    failed), and warns when one frame keeps recompiling:
     torch._dynamo.config.recompile_limit is a limit per frame (the graphs it keeps for one code
     object), so a frame that holds that many runs eagerly for any shape none of them takes.
     `warn_after`: recompiles of one frame (default: the limit less its first compilation)."""
@@ -95,6 +96,7 @@ class CompileWatch:
         limit = torch._dynamo.config.recompile_limit
         self.warn_after = warn_after if warn_after is not None else limit - 1
         self.warned = False
+        self.reasons_logged = len(recompile_reasons())
 
     def check(self, step: int) -> CompileCounts | None:
         """The counts when they changed since the last check (log them), else None."""
@@ -109,6 +111,10 @@ class CompileWatch:
             counts.graphs,
             counts.recompiles,
         )
+        reasons = recompile_reasons()
+        for reason in reasons[self.reasons_logged :]:
+            log.info("torch.compile recompiled %s", reason)
+        self.reasons_logged = len(reasons)
         if counts.most_in_a_frame >= self.warn_after and not self.warned:
             self.warned = True
             log.warning(
