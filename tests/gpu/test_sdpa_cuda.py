@@ -9,6 +9,10 @@ Which kernel "default" is: on H100/H200 with torch >= 2.9, cuDNN attention for b
 flash take no fp32, for which the memory-efficient kernel runs); on the CPU (the check's
 rehearsal, GPU_CHECK_REHEARSAL=1) the CPU flash kernel.
 
+Which kernel each call site takes (the last tests): flash for all three in a training step under
+the CUDA policy (batches of one source length: no mask), and in a beam search of one source
+length; a masked call takes the memory-efficient kernel (benchmarks/gpu_kernels.py prints both).
+
 pytorch#196678 (torch 2.11 to 2.13 on H100/H200): cuDNN's backward returns NaN grad_q when an
 explicit attn_mask is passed, the key length % 128 == 64, and a query row's logsumexp is below
 ln(FLT_MAX) = -88.7. The last test builds such rows. Where its default case fails, train with
