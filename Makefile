@@ -102,7 +102,7 @@ bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference
 fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters
 	$(BIN)/python -m benchmarks.fault_drill $(ARGS)
 
-gpu-check: $(STAMP) ## the CUDA path on this GPU in 4 min: tests, speed, MFU (ARGS=--parts=tests, then extra: the rest)
+gpu-check: $(STAMP) ## the CUDA path on this GPU: two commands of 5 min (ARGS="--parts speed", "--parts recipe")
 	@PYTHON=$(BIN)/python bash benchmarks/gpu_check.sh $(ARGS)
 
 lint: $(STAMP) ## ruff

@@ -74,6 +74,7 @@ from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.translator import ModelSearch, Translator
+from transformer_mt.device import set_up_process
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.export.ctranslate2 import export_model
 from transformer_mt.metrics import sacrebleu_scores
@@ -340,13 +341,14 @@ def benchmark_generated(args, folder: Path) -> None:
     """Beam search sentences/s on generated sources: ours and CTranslate2 on args.device."""
     from benchmarks.bench_train import GeneratedVocabulary, generated_pairs
 
-    device = torch.device(args.device)
+    device = set_up_process(args.device)  # as tmt-train's: the allocator, TF32
     torch.manual_seed(1)
     model_cfg = compose_job("train", [f"model={args.model}", "run_dir=unused"]).model
     model = Transformer(model_cfg, vocab_size=args.vocab, pad_id=PAD_ID).to(device).eval()
     generated = generated_pairs(args.generated, args.vocab, seed=2).src
     sources = [generated[i].tolist() for i in range(len(generated))]
-    print(*report_header("beam search on generated sentences, ours beside CTranslate2"), sep="\n")
+    title = "beam search on generated sentences, ours beside CTranslate2"
+    print(*report_header(title, device), sep="\n")
     vocabulary = GeneratedVocabulary(args.vocab)
     tokenizers = Tokenizers(vocabulary, vocabulary)
     fp32 = dataclasses.replace(PAPER, precision=DecodePrecision.fp32)  # auto: bf16 on CUDA

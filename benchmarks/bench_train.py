@@ -61,6 +61,14 @@ memory (allocated by torch) instead of RSS. Each timed block ends with a device 
 at NPROC=8 (or 2 nodes x 8): the small micro-batches where kernel launches, not the GPU, set the
 pace.
 
+Every figure is printed the moment it is measured (lines starting `..`): each column's warm-up
+seconds and, compiled, its graphs and recompiles with the guard that failed; after each pass each
+column's target tokens/s, TFLOP/s, MFU and seconds an update; after the last, the first pass's
+time over the last's. The table follows at the end. The batches are grouped as the trainer's
+policy groups them on the device (--source-lengths, trainer.source_lengths: on CUDA one source
+length a batch where a length fills half a batch); every model's process is set up as tmt-train's
+(device.set_up_process: on CUDA the allocator's expandable segments and TF32).
+
 --profile (GPU or CPU): after the table, ours runs its last timed update again under
 torch.profiler, 3 times after one skipped and one warm-up (benchmarks/profile_step.py): time by kind
 of kernel or operator, the longest ones, how busy the device was over those updates' wall time,
@@ -98,6 +106,7 @@ from transformer_mt.config import (
     ModelConfig,
     Precision,
     SdpaBackend,
+    SourceLengths,
     TrainJob,
     compose_job,
 )
@@ -105,12 +114,13 @@ from transformer_mt.data.batching import Batch, collate, plan_batches, token_bat
 from transformer_mt.data.prepare import PreparedData, prepare
 from transformer_mt.data.store import ParallelTokens, TokenArray
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizers
-from transformer_mt.device import keep_freed_host_memory
+from transformer_mt.device import keep_freed_host_memory, set_up_process
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.export.transformers import import_transformers, marian_shape
 from transformer_mt.model import Dropout, count_parameters
 from transformer_mt.run_dir import RunDir
+from transformer_mt.train.compiling import CompileCounts, recompile_reasons
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, Flops, peak_flops, update_flops
 from transformer_mt.train.loss import label_smoothed_loss
 from transformer_mt.train.optimizer import finish_update, optimizer_and_schedule
@@ -180,7 +190,12 @@ def generated_pairs(count: int, vocab_size: int, seed: int) -> ParallelTokens:
 
 
 def generated_data(
-    job: TrainJob, pairs: int, updates: int, update_tokens: int | None, folder: Path
+    job: TrainJob,
+    pairs: int,
+    updates: int,
+    update_tokens: int | None,
+    folder: Path,
+    device: torch.device,
 ) -> tuple[PreparedData, list[list[np.ndarray]]]:
     """The first `updates` updates' batches (as `first_batches` cuts them) from the lengths of
     `pairs` generated pairs, and a prepared corpus of only the sentences they hold, in batch
@@ -188,7 +203,7 @@ def generated_data(
     vocab_size = job.data.vocab_size
     rng = np.random.default_rng(1)
     src_lengths, tgt_lengths = generated_lengths(pairs, rng)
-    batches = first_batches(job, src_lengths, tgt_lengths, updates, update_tokens)
+    batches = first_batches(job, src_lengths, tgt_lengths, updates, update_tokens, device)
     used = np.concatenate([b for update in batches for b in update])  # each sentence once
     src = generated_pieces(src_lengths[used], vocab_size, rng)
     train = ParallelTokens(src, generated_pieces(tgt_lengths[used], vocab_size, rng))
@@ -215,10 +230,12 @@ class OursRunner:
         device: torch.device,
         plain: bool = False,
         eager_loss_chunks: bool = False,
+        compile_backend: str = "inductor",
     ):
         if plain:
             job.trainer.cpu_linear = CpuLinear.torch
         policy = ExecutionPolicy.for_training(job.trainer, device)
+        policy = dataclasses.replace(policy, compile_backend=compile_backend)
         self.trainer = Trainer(job, RunDir(job.run_dir), data, policy)
         self.model = self.trainer.model
         self.label = "transformer_mt"
@@ -251,8 +268,8 @@ class PlainLoss(torch.nn.Module):
         super().__init__()
         self.model, self.epsilon = model, epsilon
 
-    def forward(self, src, tgt_in, tgt_out):
-        logits = self.model(src, tgt_in)
+    def forward(self, src, tgt_in, tgt_out, src_padded: bool = True):
+        logits = self.model.decode(tgt_in, self.model.encode(src, padded=src_padded))
         return label_smoothed_loss(logits, tgt_out, epsilon=self.epsilon, pad_id=PAD_ID)
 
 
@@ -343,13 +360,14 @@ def worker(
     steps: list[list[Batch]],
     threads: int,
     device: torch.device,
+    compile_backend: str,
     conn,
 ):
     """Build one model, then run the update indices the parent sends, timing each block (up to
-    the device's last kernel). `data`: None prepares (reads the cache of) the job's corpus."""
+    the device's last kernel), with what torch.compile did so far where it compiles. `data`:
+    None prepares (reads the cache of) the job's corpus."""
     torch.set_num_threads(threads)
-    if device.type == "cpu":  # as tmt-train sets its process up (commands/train.py), for both
-        keep_freed_host_memory()
+    set_up_process(str(device))  # as tmt-train sets its process up, for both models
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]
@@ -363,6 +381,7 @@ def worker(
             device,
             plain=kind == OURS_PLAIN,
             eager_loss_chunks=kind == OURS_COMPILED_EAGER_LOSS,
+            compile_backend=compile_backend,
         )
     else:
         attention = "eager" if kind == MARIAN_EAGER else "sdpa"
@@ -374,7 +393,9 @@ def worker(
         losses = [runner.step(steps[i]) for i in indices]
         losses = [float(loss) for loss in losses]  # waits for the device
         synchronize(device)
-        conn.send({"seconds": time.perf_counter() - started, "losses": losses})
+        seconds = time.perf_counter() - started
+        compiled = compile_report() if kind in COMPILED_KINDS else None
+        conn.send({"seconds": seconds, "losses": losses, "compiled": compiled})
     conn.send(
         {
             "setup_mb": setup_mb,
@@ -388,6 +409,13 @@ def worker(
     index = conn.recv()  # after the memory figures, which the profiler's own memory would raise
     if index is not None:
         conn.send(profiled(runner, steps[index], device))
+
+
+def compile_report() -> tuple[int, int, list[str]]:
+    """What torch.compile did so far in this process: graphs, recompiles, and why each recompile
+    happened (train/compiling.py)."""
+    counts = CompileCounts.now()
+    return counts.graphs, counts.recompiles, recompile_reasons()
 
 
 def profiled(runner, step: list[Batch], device: torch.device) -> StepProfile | str:
@@ -407,10 +435,21 @@ class Timing:
     tokens: int = 0
     flops: Flops = Flops()
     loss: float = 0.0  # token-weighted sum of the updates' mean losses
+    updates: int = 0
 
     @property
     def seconds(self) -> float:
         return sum(self.block_seconds)
+
+    def add(self, block: list[int], result: dict, steps, update_flops: list[Flops]) -> None:
+        """A timed block's result (the worker's answer) for updates `block` of `steps`."""
+        self.block_seconds.append(result["seconds"])
+        for i, loss in zip(block, result["losses"], strict=True):
+            tokens = sum(batch.n_tgt_tokens for batch in steps[i])
+            self.tokens += tokens
+            self.flops += update_flops[i]
+            self.loss += loss * tokens
+            self.updates += 1
 
 
 @dataclass
@@ -425,6 +464,7 @@ class Column:
     update_flops: list[Flops]  # of the updates as this column runs them (rounded up, compiled)
     passes: list[Timing] = field(default_factory=list)
     warmup_seconds: float = 0.0
+    compiled: tuple = (0, 0, [])  # torch.compile's graphs, recompiles, reasons reported so far
 
     @property
     def timed(self) -> Timing:
@@ -440,41 +480,79 @@ class Column:
 
 def start(kind: str, job: TrainJob, data, vocab_size: int, steps, args) -> Column:
     device = torch.device(args.device)
-    process, conn = spawned(worker, kind, job, data, vocab_size, steps, args.threads, device)
+    process, conn = spawned(
+        worker, kind, job, data, vocab_size, steps, args.threads, device, args.compile_backend
+    )
     flops = [update_flops(job.model, vocab_size, step, PAD_ID) for step in steps]
     return Column(kind, process, conn, info={}, update_flops=flops)
 
 
 def run_blocks(columns: list[Column], steps: list[list[Batch]], args) -> None:
     """Warm-up on the first updates, then alternate timed blocks (ABBA) over the rest, in
-    --passes passes over the same updates (shapes seen before from the second one on)."""
+    --passes passes over the same updates (shapes seen before from the second one on); each
+    figure printed as soon as it is measured (`progress`)."""
+    peak = device_peak(torch.device(args.device))
     for column in columns:
         column.info = column.conn.recv()  # sent once the model is built
-        column.warmup_seconds = column.ask(list(range(args.warmup)))["seconds"]
+        result = column.ask(list(range(args.warmup)))
+        column.warmup_seconds = result["seconds"]
         progress(f"{column.kind}: {args.warmup} warm-up update(s) in {column.warmup_seconds:.1f} s")
+        report_compiling(column, result.get("compiled"), "the warm-up")
     timed = list(range(args.warmup, len(steps)))
     blocks = [timed[i : i + args.block] for i in range(0, len(timed), args.block)]
     for number in range(args.passes):
-        if number:
-            passed = (f"{c.kind} {c.timed.tokens / c.timed.seconds:,.0f}" for c in columns)
-            progress(f"pass {number}: target tok/s {', '.join(passed)}")
         for column in columns:
             column.passes.append(Timing())
-        for number, block in enumerate(blocks):
-            for column in abba_order(columns, number):
+        for turn, block in enumerate(blocks):
+            for column in abba_order(columns, turn):
                 result = column.ask(block)
-                timing = column.timed
-                timing.block_seconds.append(result["seconds"])
-                for i, loss in zip(block, result["losses"], strict=True):
-                    tokens = sum(batch.n_tgt_tokens for batch in steps[i])
-                    timing.tokens += tokens
-                    timing.flops += column.update_flops[i]
-                    timing.loss += loss * tokens
+                column.timed.add(block, result, steps, column.update_flops)
+                report_compiling(column, result.get("compiled"), f"update {block[-1] + 1}")
+        for column in columns:
+            progress(pass_figures(column, number, args.passes, peak))
+    if args.passes > 1:
+        for column in columns:
+            first, last = column.passes[0].seconds, column.timed.seconds
+            progress(
+                f"{column.kind}: pass 1 (shapes unseen) took {first / last:.2f}x the last "
+                f"pass's time: {last / first:.2f}x the steady state's speed"
+            )
     for number, column in enumerate(columns):
         column.info |= column.ask(None)
         if not (args.profile and number == 0):
             column.conn.send(None)  # not to be profiled: it exits
             column.process.join()
+
+
+def device_peak(device: torch.device) -> float | None:
+    """The GPU's dense bf16 peak FLOP/s (flops.py); None on the CPU or a GPU not listed."""
+    return peak_flops(torch.cuda.get_device_name(device)) if device.type == "cuda" else None
+
+
+def pass_figures(column: Column, number: int, passes: int, peak: float | None) -> str:
+    """One pass's figures for a column: tok/s, TFLOP/s, MFU (real and padded), s/update."""
+    timing = column.passes[number]
+    real, padded = (flops / timing.seconds for flops in (timing.flops.real, timing.flops.padded))
+    mfu = f"MFU {real / peak:.1%} (padded {padded / peak:.1%})" if peak else "MFU -"
+    return (
+        f"pass {number + 1} of {passes}, {column.kind}: {timing.tokens / timing.seconds:,.0f} "
+        f"target tok/s, {real / 1e12:.2f} TFLOP/s, {mfu}, "
+        f"{timing.seconds / max(timing.updates, 1):.3f} s/update"
+    )
+
+
+def report_compiling(column: Column, compiled, when: str) -> None:
+    """A compiled column's graphs and recompiles when they changed, each new recompile's reason
+    (the guard that failed) on a line of its own."""
+    if compiled is None or tuple(compiled[:2]) == column.compiled[:2]:
+        return
+    graphs, recompiles, reasons = compiled
+    progress(
+        f"{column.kind}: torch.compile by {when}: {graphs} graph(s), {recompiles} recompile(s)"
+    )
+    for reason in reasons[len(column.compiled[2]) :]:
+        progress(f"{column.kind}: recompiled: {reason}")
+    column.compiled = (graphs, recompiles, list(reasons))
 
 
 def progress(text: str) -> None:
@@ -512,10 +590,13 @@ def first_batches(
     tgt_lengths: np.ndarray,
     count: int,
     update_tokens: int | None,
+    device: torch.device,
 ) -> list[list[np.ndarray]]:
     """The epoch's first `count` updates, each a list of micro-batches (index arrays): one
     batch of trainer.batch_tokens, or (update_tokens) the trainer's plan for that many target
-    tokens."""
+    tokens; of one source length each where the trainer's policy on `device` has them so
+    (trainer.source_lengths)."""
+    equal = ExecutionPolicy.for_training(job.trainer, device).equal_source_lengths
     budget, accumulation = job.trainer.batch_tokens, 1
     if update_tokens:
         plan = plan_batches(
@@ -524,18 +605,25 @@ def first_batches(
             global_target_tokens=update_tokens,
             max_batch_tokens=budget,
             world_size=1,
+            equal_sources=equal,
         )
         budget, accumulation = plan.micro_batch_tokens, plan.accumulation
-    indices = token_batches(src_lengths, tgt_lengths, budget, seed=job.trainer.seed, epoch=0)
+    indices = token_batches(
+        src_lengths, tgt_lengths, budget, seed=job.trainer.seed, epoch=0, equal_sources=equal
+    )
     indices = indices[: count * accumulation]
     return [indices[i : i + accumulation] for i in range(0, len(indices), accumulation)]
 
 
 def collated(
-    data: PreparedData, batches: list[list[np.ndarray]], round_lengths: bool = False
+    data: PreparedData,
+    batches: list[list[np.ndarray]],
+    round_lengths: bool = False,
+    equal_sources: bool = False,
 ) -> list[list[Batch]]:
-    """The updates' micro-batches collated, padded lengths rounded as the trainer collates them
-    where its execution policy rounds them (ExecutionPolicy.round_lengths)."""
+    """The updates' micro-batches collated as the trainer collates them: padded lengths rounded
+    where its execution policy rounds them (ExecutionPolicy.round_lengths), sources unpadded
+    where each batch has one source length (ExecutionPolicy.equal_source_lengths)."""
     return [
         [
             collate(
@@ -545,6 +633,7 @@ def collated(
                 bos_id=BOS_ID,
                 eos_id=EOS_ID,
                 round_lengths=round_lengths,
+                equal_sources=equal_sources,
             )
             for b in update
         ]
@@ -850,6 +939,15 @@ def parse_args():
         "flash,efficient,math; default: torch's choice, on H100/H200 cuDNN's first)",
     )
     parser.add_argument(
+        "--source-lengths",
+        choices=[value.value for value in SourceLengths],
+        default="auto",
+        help="trainer.source_lengths: batches of one source length (equal: attention with no "
+        "key mask, flash on CUDA), of similar lengths (padded, masked), or the policy's choice "
+        "for the device (auto: equal on CUDA)",
+    )
+    parser.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
+    parser.add_argument(
         "--exact-lengths",
         action="store_true",
         help="padded lengths as they are, where the execution policy would round them (on CUDA "
@@ -867,28 +965,32 @@ def parse_args():
 
 def main() -> None:
     args = parse_args()
-    print(*report_header("make bench: training throughput, ours beside Marian"), sep="\n")
-    device = torch.device(args.device)
+    device = set_up_process(args.device)  # the allocator's settings reach the workers too
+    print(*report_header("make bench: training throughput, ours beside Marian", device), sep="\n")
     kinds = chosen_columns(args)
     with tempfile.TemporaryDirectory() as run_dir:
         job = compose(args, run_dir)
         job.trainer.compile = "true" if args.compile else "false"
         job.trainer.precision = Precision(args.precision)
         job.trainer.sdpa_backends = [SdpaBackend(name) for name in args.sdpa_backends.split(",")]
+        job.trainer.source_lengths = SourceLengths(args.source_lengths)
         updates = args.warmup + args.steps
         if args.data == "generated":
             pairs = args.generated_pairs
-            data, batches = generated_data(job, pairs, updates, args.update_tokens, Path(run_dir))
+            data, batches = generated_data(
+                job, pairs, updates, args.update_tokens, Path(run_dir), device
+            )
         else:
             data = prepare(job.data)
             lengths = data.train.src.lengths, data.train.tgt.lengths
-            batches = first_batches(job, *lengths, updates, args.update_tokens)
+            batches = first_batches(job, *lengths, updates, args.update_tokens, device)
         vocab_size = data.tokenizers.tgt.vocab_size
-        steps = collated(data, batches)
+        equal = ExecutionPolicy.for_training(job.trainer, device).equal_source_lengths
+        steps = collated(data, batches, equal_sources=equal)
         # Where the trainer's policy rounds padded lengths (on CUDA, and compiled), a column gets
         # the same batches rounded as the trainer collates them (its padded FLOPs count the
         # rounding; its real ones are the same).
-        rounded = collated(data, batches, round_lengths=True)
+        rounded = collated(data, batches, round_lengths=True, equal_sources=equal)
         load_before = os.getloadavg()[0]
         generated = args.data == "generated"
         worker_data = data if generated else None  # the workers read the prepared corpus's cache

@@ -1,25 +1,30 @@
 #!/usr/bin/env bash
-# make gpu-check: the CUDA path, a core run of at most 4 minutes (the tests and the headline
-# figures; --parts tests: every gpu test, 150 s; --parts extra: the optional run, 420 s;
-# benchmarks/gpu_check.py says what each part measures); results in benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's
-# output in GPU_CHECK_LOG. Without a CUDA GPU it says so in one line and exits 0.
+# make gpu-check: the CUDA path in two commands of at most 5 minutes each (benchmarks/gpu_check.py
+# says what each part measures): --parts speed (the attention kernel of each call site, base
+# eager and compiled, beam search beside transformers' generate; 285 s) and --parts recipe (the
+# Multi30k GPU recipe end to end; 290 s); with no argument both, one after the other. Results in
+# benchmarks/gpu.txt (GPU_CHECK_OUTPUT), every command's output in GPU_CHECK_LOG. Without a CUDA
+# GPU it says so in one line and exits 0.
 #
-#   bash benchmarks/gpu_check.sh                 # python: PYTHON, else .venv/bin/python, else python3
-#   bash benchmarks/gpu_check.sh --parts core,tests # the core run and every gpu test, 390 s
-#   bash benchmarks/gpu_check.sh --parts extra      # the optional run (make gpu-check ARGS=...)
-#   bash benchmarks/gpu_check.sh --rehearse-on-cpu --parts all   # every part, small, on the CPU
+#   bash benchmarks/gpu_check.sh                    # python: PYTHON, else .venv/bin/python, else python3
+#   bash benchmarks/gpu_check.sh --parts speed      # the first command; a lent machine's first call
+#   bash benchmarks/gpu_check.sh --parts recipe     # the second (.data/multi30k carried)
+#   bash benchmarks/gpu_check.sh --parts profile    # optional: profile, levers, tests, sweep, wmt-hour
+#   bash benchmarks/gpu_check.sh --rehearse-on-cpu --parts speed   # the code path, small, on the CPU
 #   bash benchmarks/gpu_check.sh --prepare-wheels   # where pip reaches PyPI: fill .whl/ (see below)
 #
 # A machine without a network and without some of our packages (hydra-core, omegaconf, antlr4,
-# ctranslate2: the lent H200 image has torch, transformers, sentencepiece, sacrebleu) gets them as
-# wheels carried in .whl/ at the repository's root: --prepare-wheels downloads them for
-# GPU_CHECK_PYTHON_VERSION (3.12) on manylinux x86-64; this script installs whatever .whl/ holds,
-# without a network, into GPU_CHECK_SITE (a folder of its own, put first on PYTHONPATH).
+# sacremoses: the lent GPU machine's image has torch, transformers, sentencepiece, sacrebleu,
+# tensorboard, tqdm, numpy, click, joblib and regex) gets them as wheels carried in .whl/ at the
+# repository's root: --prepare-wheels downloads them for GPU_CHECK_PYTHON_VERSION (3.12) on
+# manylinux x86-64; this script installs whatever .whl/ holds, without a network and without
+# their requirements (the image's), into GPU_CHECK_SITE (a folder of its own, put first on
+# PYTHONPATH). benchmarks/gpu_check.py's preflight checks that every one imports.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT" || exit 1
 
-WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 ctranslate2==4.8.5)
+WHEELS=(hydra-core==1.3.8 omegaconf==2.3.1 sacremoses==0.2.0)
 SDIST_WHEELS=(antlr4-python3-runtime==4.9.3)  # published as source only: built here (pure Python)
 
 if [ -n "${PYTHON:-}" ]; then
@@ -33,7 +38,10 @@ fi
 if [ "${1:-}" = "--prepare-wheels" ]; then
     version="${GPU_CHECK_PYTHON_VERSION:-3.12}"
     mkdir -p .whl
-    grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >>.git/info/exclude
+    exclude="$(git rev-parse --git-path info/exclude 2>/dev/null)"  # a worktree's too
+    if [ -n "$exclude" ] && ! grep -qx '/.whl/' "$exclude" 2>/dev/null; then
+        mkdir -p "$(dirname "$exclude")" && echo /.whl/ >>"$exclude"
+    fi
     platforms=()
     for p in manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_17_x86_64 \
         manylinux2014_x86_64 manylinux1_x86_64; do

@@ -1,8 +1,9 @@
-"""make gpu-check's decoding part (`--parts decoding`; benchmarks/gpu_check.py runs it): beam
-search on one GPU, ours beside transformers' generate(num_beams=4) of the same weights, in one
-process, on the same sentences and the same device.
+"""make gpu-check's beam search part (the first command's last part; benchmarks/gpu_check.py):
+beam search on one GPU, ours beside transformers' generate(num_beams=4) of the same weights, in
+one process, on the same sentences and the same device.
 
     python -m benchmarks.gpu_decoding --device cuda        # what make gpu-check runs
+    python -m benchmarks.gpu_decoding --device cuda --levers     # the optional levers run
     python -m benchmarks.gpu_decoding --device cpu --rehearsal   # its code path, tiny, on the CPU
 
 Two workloads, each a random-weight model of a preset and 1,000 generated sources:
@@ -26,12 +27,13 @@ device's defaults), then transformers' MarianMTModel with our weights, converted
 marian_state_dict, generation_config; cast to bf16 on CUDA: generate runs under no autocast of
 ours), in the same batches, each generate limited to its batch's longest limit. Printed as each
 ends: sentences/s, target tokens/s (EOS included), and BLEU of each against the other's output
-(token ids as words; 100 = the same outputs). Then the levers, on the Multi30k-like workload:
-decode.batch_tokens at a few budgets (the CUDA default is provisional until this measures it),
-decode.check_every of the fixed-shape batch (provisional too), and the other batch shape (on
-CUDA the shrinking batch, the CPU's path; in the CPU rehearsal the fixed one). Every figure
-is a timing of one pass after a warm-up on the first 64 sentences; a part stopped at its limit
-keeps what it printed.
+(token ids as words; 100 = the same outputs). With --levers, ours alone on both workloads with
+one setting changed at a time: decode.batch_tokens at a few budgets (the CUDA default is
+provisional until this measures it), decode.check_every of the fixed-shape batch (provisional
+too), the other batch shape (on CUDA the shrinking batch, the CPU's path; in the CPU rehearsal
+the fixed one) and decode.source_lengths=equal (batches of one source length: no attention
+mask, flash on CUDA, but more batches). Every figure is a timing of one pass after a warm-up on
+the first 64 sentences; a part stopped at its limit keeps what it printed.
 """
 
 from __future__ import annotations
@@ -42,16 +44,18 @@ import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import Enum
 
 import numpy as np
 import torch
 
 from benchmarks.bench_train import GeneratedVocabulary, generated_pairs
 from benchmarks.measure import report_header, synchronize
-from transformer_mt.config import BatchShape, DecodeConfig, compose_job
+from transformer_mt.config import BatchShape, DecodeConfig, SourceLengths, compose_job
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.tokenizer import EOS_ID, PAD_ID, Tokenizers
 from transformer_mt.decode.translator import ModelSearch, Translator
+from transformer_mt.device import set_up_process
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.export.transformers import (
@@ -173,9 +177,10 @@ def until_eos(tokens: list[int]) -> list[int]:
 
 
 def measure(
-    workload: Workload, device: torch.device
+    workload: Workload, device: torch.device, beside_generate: bool = True
 ) -> tuple[Translator, list[list[int]], list[list[int]]]:
-    """Ours, then transformers', on `workload`: our translator, the sources and our outputs."""
+    """Ours, then (beside_generate) transformers', on `workload`: our translator, the sources
+    and our outputs."""
     model = random_model(workload, device)
     sources = sources_of(workload)
     vocabulary = GeneratedVocabulary(workload.vocab)
@@ -190,11 +195,14 @@ def measure(
         f"{workload.model} with random weights ({parameters:,} parameters, {workload.vocab:,} "
         f"pieces), beam {decode.beam_size}, length penalty {decode.length_penalty}, outputs of "
         f"at most {workload.output} pieces; ours in batches of {translator.decode.batch_tokens} "
-        f"source tokens (the device's default), {shape}; transformers' in the same batches",
+        f"source tokens (the device's default), {shape}"
+        + ("; transformers' in the same batches" if beside_generate else ""),
         flush=True,
     )
     seconds, ours = timed(translator.translate_ids, sources, device)
     print(row("ours (decode defaults)", seconds, ours), flush=True)
+    if not beside_generate:
+        return translator, sources, ours
     try:
         generate = TransformersGenerate(model, translator, translator.decode)
     except TransformerMTError as error:  # transformers not installed: one line
@@ -224,13 +232,14 @@ def measure_levers(
     settings += [{**fixed, "check_every": value} for value in CHECK_EVERY]
     on_cuda = ExecutionPolicy.for_decoding(default, device).fixed_shape_decoding
     settings += [{"batch_shape": BatchShape.shrinking} if on_cuda else fixed]
+    settings += [{"source_lengths": SourceLengths.equal}]
     print("  levers, ours on the same sources (BLEU against the defaults' output):", flush=True)
     for changed in settings:
         decode = dataclasses.replace(default, **changed)
         translate = functools.partial(translator.translate_ids, decode=decode)
         seconds, outputs = timed(translate, sources, device)
         name = "ours, " + " ".join(
-            f"{key}={value.value if isinstance(value, BatchShape) else value}"
+            f"{key}={value.value if isinstance(value, Enum) else value}"
             for key, value in changed.items()
         )
         print(f"{row(name, seconds, outputs)}  BLEU {bleu_of(outputs, ours):6.2f}", flush=True)
@@ -243,15 +252,19 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--rehearsal", action="store_true", help="tiny models, a few sentences")
     parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument(
+        "--levers", action="store_true", help="ours alone, one decode setting changed at a time"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    print(*report_header("beam search on one device: ours beside transformers' generate"), sep="\n")
+    device = set_up_process(args.device)  # as tmt-train's: the allocator, TF32
+    title = "beam search on one device: ours beside transformers' generate"
+    print(*report_header(title, device), sep="\n")
     workloads = REHEARSAL_WORKLOADS if args.rehearsal else GPU_WORKLOADS
-    first = measure(workloads[0], device)
-    for workload in workloads[1:]:
-        measure(workload, device)
-    measure_levers(*first, device)
+    for workload in workloads:
+        measured = measure(workload, device, beside_generate=not args.levers)
+        if args.levers:
+            measure_levers(*measured, device)
 
 
 if __name__ == "__main__":

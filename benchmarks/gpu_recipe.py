@@ -1,5 +1,5 @@
-"""The Multi30k recipe for one GPU, end to end as a user runs it (`make gpu-check
-ARGS="--parts=multi30k"`, benchmarks/gpu_check.py):
+"""The Multi30k recipe for one GPU, end to end as a user runs it (`make gpu-check`'s second
+command, `ARGS="--parts recipe"`; its sweep: `--parts sweep`; benchmarks/gpu_check.py):
 
     python -m benchmarks.gpu_recipe --data .data/multi30k             # the recipe, timed
     python -m benchmarks.gpu_recipe --data .data/multi30k --sweep     # then a sweep on valid BLEU
@@ -30,6 +30,7 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,10 +116,12 @@ class Ran:
     stderr: list[str]
 
 
-def run_step(title: str, command: list[str], clock: Clock) -> Ran:
-    """Run one command within what the clock leaves; print its seconds (its log's tail when it
-    failed)."""
-    done = run_command(command, limit=clock.left())
+def run_step(
+    title: str, command: list[str], clock: Clock, on_log: Callable[[str], None] | None = None
+) -> Ran:
+    """Run one command within what the clock leaves, each line of its log (stderr) handed to
+    `on_log` as it comes; print its seconds (its log's tail when it failed)."""
+    done = run_command(command, limit=clock.left(), on_stderr=on_log)
     ran = Ran(done.status == 0, done.seconds, done.stdout, done.stderr)
     state = "ok" if ran.ok else ("killed at the limit" if done.status is None else "FAILED")
     print(f"{title}: {state} in {ran.seconds:.1f} s (wall {clock.elapsed():.0f} s)", flush=True)
@@ -151,11 +154,11 @@ def train_command(settings: Settings, data: Path, work: Path, run: str, *extra: 
 LOGGED = ("model:", "epoch 0:", "the first update", "stopped:", "wrote ", "valid loss", "ERROR")
 
 
-def show_log(ran: Ran) -> None:
-    """The training log's lines that say what the run did (no per-window throughput lines)."""
-    for line in ran.stderr:
-        if any(key in line for key in LOGGED):
-            print(f"   {strip_prefix(line)}", flush=True)
+def show_log(line: str) -> None:
+    """A training log line that says what the run did, printed as it comes (not the
+    per-window throughput lines)."""
+    if any(key in line for key in LOGGED):
+        print(f"   {strip_prefix(line)}", flush=True)
 
 
 def strip_prefix(line: str) -> str:
@@ -171,9 +174,11 @@ def recipe(settings: Settings, data: Path, work: Path, clock: Clock) -> float | 
     started = clock.elapsed()
     run = work / "run"
     trained = run_step(
-        "tmt-train --config-name multi30k_gpu", train_command(settings, data, work, "run"), clock
+        "tmt-train --config-name multi30k_gpu",
+        train_command(settings, data, work, "run"),
+        clock,
+        show_log,
     )
-    show_log(trained)
     if not trained.ok:
         return None
     choose = (f"valid_sentences={settings.valid_sentences}", f"device={settings.device}")

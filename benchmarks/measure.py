@@ -40,6 +40,8 @@ from typing import TypeVar
 
 import torch
 
+from transformer_mt.device import describe_set_up
+
 T = TypeVar("T")
 
 
@@ -228,14 +230,19 @@ def abba_order(items: Sequence[T], turn: int) -> list[T]:
     return list(items) if turn % 2 == 0 else list(reversed(items))
 
 
-def report_header(title: str) -> list[str]:
+def report_header(title: str, device: torch.device | None = None) -> list[str]:
     """The lines that head a report: what it is, the command that printed it, the date, the
-    machine (its load when the command started: the machines are shared) and torch."""
+    machine (its load when the command started: the machines are shared) and torch; given the
+    `device` the benchmark set its process up for (device.set_up_process), that set-up (on CUDA
+    the allocator's settings and TF32)."""
     python, *arguments = sys.orig_argv
-    return [
+    lines = [
         f"# {title}",
         f"# command: {shlex.join([Path(python).name, *arguments])}",
         f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible; "
         f"torch {torch.__version__}; load average at start {os.getloadavg()[0]:.2f}",
     ]
+    if device is not None:
+        lines.append(f"# process set up as tmt-train's: {describe_set_up(device)}")
+    return lines

@@ -1,7 +1,7 @@
 """WMT's first hour on one GPU, rehearsed on generated data in WMT's shapes (`make gpu-check
-ARGS="--parts=wmt-hour"`, benchmarks/gpu_check.py; the lent machine has no network, so no hub
-download): what `make train` (WMT14 en-de, model=base, 25,000 target tokens an update) meets
-first, and how long the paper's 100k updates would take.
+ARGS="--parts wmt-hour"`, an optional run, benchmarks/gpu_check.py; the lent machine has no
+network, so no hub download): what `make train` (WMT14 en-de, model=base, 25,000 target tokens
+an update) meets first, and how long the paper's 100k updates would take.
 
     python -m benchmarks.wmt_first_hour                      # 1,000,000 pairs, 1,000 updates
     python -m benchmarks.wmt_first_hour --pairs 4500000      # WMT14's whole size

@@ -7,7 +7,10 @@ backend": the proof that the switch reaches the call."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
+import warnings
 from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +129,24 @@ def test_default_goes_alone_and_the_key_steers_a_resume(tiny_train_job):
     with pytest.raises(Exception, match="fast"):  # not a kernel's name: refused when composed
         tiny_train_job("trainer.sdpa_backends=[fast]")
     assert "trainer.sdpa_backends" in STEERING_KEYS  # a resume may turn cuDNN off
+
+
+def test_the_bitwise_gpu_tests_run_the_math_kernel_alone_under_the_policy(tiny_train_job):
+    """tests/gpu/test_train_cuda.py's runs compared bitwise ask for the math kernel in their
+    settings (BITWISE): under the execution policy on CUDA, whose forward() every micro-batch
+    enters, flash, efficient and cuDNN's are off and math alone is on."""
+    path = Path(__file__).parent / "gpu" / "test_train_cuda.py"
+    spec = importlib.util.spec_from_file_location("gpu_test_train_cuda", path)
+    gpu_tests = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_tests)
+    job = tiny_train_job(*gpu_tests.BITWISE)
+    policy = ExecutionPolicy.for_training(job.trainer, torch.device("cuda"))
+    cuda = torch.backends.cuda
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # autocast on "cuda" without CUDA: disabled, and says so
+        with policy.forward():
+            enabled = [
+                cuda.flash_sdp_enabled(), cuda.mem_efficient_sdp_enabled(),
+                cuda.cudnn_sdp_enabled(), cuda.math_sdp_enabled(),
+            ]  # fmt: skip
+    assert enabled == [False, False, False, True]

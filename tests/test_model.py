@@ -65,7 +65,10 @@ def test_cache_prefill_of_several_positions_matches_full_forward():
 
 def copied_to_rows(encoded: EncoderOutput, times: int) -> EncoderOutput:
     """The encoder output of each source repeated for `times` consecutive target rows."""
-    return EncoderOutput(*(t.repeat_interleave(times, dim=0) for t in encoded))
+    memory, src_keep, padded = encoded
+    return EncoderOutput(
+        memory.repeat_interleave(times, dim=0), src_keep.repeat_interleave(times, dim=0), padded
+    )
 
 
 def test_target_rows_sharing_a_source_decode_as_with_the_source_copied_to_each():
@@ -97,7 +100,7 @@ def test_a_reordered_and_pruned_cache_decodes_as_its_rows_prefixes():
     last_rows = torch.tensor([5, 3, 4])
     with torch.no_grad():
         encoded = model.encode(src)
-        second = EncoderOutput(*(t[1:] for t in encoded))
+        second = EncoderOutput(encoded.memory[1:], encoded.src_keep[1:], encoded.padded)
         full = model.decode(reordered[:, :4], copied_to_rows(encoded, 3))
         last_prefixes = torch.cat([reordered[last_rows, :4], tgt[3:, 4:5]], dim=1)
         last_full = model.decode(last_prefixes, copied_to_rows(second, 3))

@@ -37,6 +37,13 @@ TINY_TRAIN = [
 ]
 
 
+# The attention kernel of runs compared bitwise on a GPU (tests/gpu: the deterministic fixture):
+# the math kernel, whose backward has no atomics (the fused kernels' accumulate in a varying
+# order, and torch's warn_only leaves them so), asked for through the run's settings, which the
+# execution policy enters for every micro-batch (tests/test_attention_kernels.py).
+MATH_ATTENTION = "trainer.sdpa_backends=[math]"
+
+
 def write_toy_files(
     folder: Path, *, sizes: tuple[int, int, int], seed: int = 1, words: tuple[int, int] = (3, 8)
 ) -> Path:

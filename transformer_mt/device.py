@@ -147,6 +147,29 @@ def use_cuda_device(device: torch.device) -> None:
         log.info("CUDA: fp32 matrix products in TF32 (10-bit mantissa inputs, fp32 sums)")
 
 
+def set_up_process(name: str) -> torch.device:
+    """The device `name` (resolve_device), with this process set up for it as tmt-train sets its
+    own: on CUDA the caching allocator's expandable segments, asked for before anything starts
+    CUDA (resolve_device), the GPU made current and TF32 for float32 products
+    (use_cuda_device); on the CPU, freed memory kept in the heap (keep_freed_host_memory). The
+    benchmarks call it, so that they time the allocator and the kernels a training run uses."""
+    device = resolve_device(name)
+    if device.type == "cpu":
+        keep_freed_host_memory()
+    use_cuda_device(device)
+    return device
+
+
+def describe_set_up(device: torch.device) -> str:
+    """One line on what `set_up_process` gave this process's device (for a report's header)."""
+    if device.type != "cuda":
+        return f"{device}: freed host memory kept in the heap"
+    settings = [f"{name}={os.environ[name]}" for name in ALLOCATOR_SETTINGS if name in os.environ]
+    allocator = ", ".join(settings) or "torch's default (no allocator setting)"
+    tf32 = "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
+    return f"{device}: CUDA allocator {allocator}; TF32 for float32 products {tf32}"
+
+
 def keep_freed_host_memory() -> bool:
     """Make glibc's malloc reuse freed memory for large CPU tensors instead of handing it back to
     the kernel. By default every block over 32 MB (a training step's logits, log-probabilities and

@@ -3,8 +3,9 @@
 A run's policy is built once from its settings and its device, and validated with them, before
 anything is written: the precision autocast computes in, the attention kernels
 F.scaled_dot_product_attention may use and in which order, whether torch.compile runs, which
-kernel multiplies the linear layers on the CPU, and whether batch lengths are rounded to few
-shapes. Training, validation and every search take it: `forward()` is the one context a forward
+kernel multiplies the linear layers on the CPU, whether batch lengths are rounded to few shapes,
+and whether a batch holds sentences of one source length (so that attention needs no key-padding
+mask). Training, validation and every search take it: `forward()` is the one context a forward
 pass runs in, `with_kernels` the one way a model gets the policy's kernels and compiled layers
 (the training loss reads the policy for its own chunks: loss.TrainingLoss.for_policy). Nothing
 else in the package enters autocast, SDPA-kernel or oneDNN contexts (the loss turns autocast off
@@ -17,12 +18,22 @@ execution plan for every new (batch, length) shape, forward and backward: on the
 at 62,890 target tokens/s against 415,972 on the same shapes seen again; with cuDNN's attention
 off, 330,377 against 425,910 (benchmarks/gpu.txt). Its backward can also give NaN gradients on
 those GPUs (pytorch#196678). `[default]` in the settings still gives torch's own choice.
+
+Flash attention takes no mask. A batch whose sentences are padded to its longest source needs a
+key-padding mask in the encoder's self-attention and in the cross-attention, so those calls (12
+of a training update's 18 in the base model) ran the memory-efficient kernel, and only the
+decoder's self-attention (causal, no mask: right-padded targets are queries only, and no real
+query sees a later pad) took flash. With `equal_source_lengths` a batch holds sentences of one
+source length wherever a length fills half a batch: nothing to mask, and every call can take
+flash (data/batching.one_length_batches: the same token budgets; `Batch.src_padded`,
+`EncoderOutput.padded`); the sentences a length leaves over are packed together, masked.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import itertools
 import logging
 import os
@@ -45,6 +56,7 @@ from transformer_mt.config import (
     Precision,
     Quantize,
     SdpaBackend,
+    SourceLengths,
     TrainerConfig,
     compile_setting,
 )
@@ -70,6 +82,13 @@ AUTO_COMPILE_OFF = {
     "one (benchmarks/gpu.txt)",
 }
 
+# source_lengths=auto: the device kinds whose batches hold one source length wherever a length
+# fills half a batch (data/batching.one_length_batches), in training and in decoding; elsewhere
+# sentences of similar lengths, padded and masked. On CUDA every attention call of such a batch
+# can take flash (the module's docstring), for as many batches as similar lengths give
+# (benchmarks/batch_plan.txt: 99.5% of a WMT-sized epoch's target tokens, 85-96% of
+# Multi30k's). On the CPU, whose flash kernel takes masks, today's batches stay until measured.
+AUTO_EQUAL_SOURCES = {"training": ("cuda",), "decoding": ("cuda",)}
 
 # decode.batch_tokens=null by device kind; a kind not named here gets the CPU's. The CPU's 4,000
 # source tokens is the setting bench_decode has measured with (benchmarks/decode.txt); CUDA's is
@@ -107,6 +126,14 @@ class ExecutionPolicy:
     CUDA, where each step's copy to the host waits for the device and each new shape costs. On
     the CPU finished sentences leave the batch, decided on the host after each step: fewer rows
     to compute, and the copy waits for nothing."""
+    equal_source_lengths: bool = False
+    """Batches hold sentences of one source length wherever a length fills half a batch
+    (trainer.source_lengths, decode.source_lengths): their attention needs no key-padding mask
+    (the module's docstring)."""
+    compile_backend: str = "inductor"
+    """torch.compile's backend where the policy compiles: Inductor (generated kernels). A CPU
+    rehearsal of the GPU check passes aot_eager, which traces the same graphs (Dynamo's guards
+    and recompiles, AOTAutograd's forward and backward) without generating their code."""
 
     @classmethod
     def for_training(cls, trainer: TrainerConfig, device: torch.device) -> ExecutionPolicy:
@@ -127,6 +154,7 @@ class ExecutionPolicy:
             attention=attention_order(trainer.sdpa_backends, device),
             compile=compiles,
             cpu_products=CpuProducts.onednn if onednn_products else CpuProducts.torch,
+            equal_source_lengths=equal_sources(trainer.source_lengths, device, "training"),
         )
 
     @classmethod
@@ -151,6 +179,7 @@ class ExecutionPolicy:
             cpu_products=products,
             fixed_shape_decoding=shape == BatchShape.fixed
             or (shape == BatchShape.auto and device.type == "cuda"),
+            equal_source_lengths=equal_sources(decode.source_lengths, device, "decoding"),
         )
 
     @property
@@ -160,7 +189,8 @@ class ExecutionPolicy:
         allocator's blocks and (compiled) guards, and wherever the model is compiled. A
         WMT-like epoch of 25,000-token updates meets 2.4x fewer shapes (1,622 against 3,856 in
         11,445 micro-batches) for 3.7% padded positions against 0.7%
-        (tests/data/test_batching.py)."""
+        (tests/data/test_batching.py). With `equal_source_lengths` only the target's length is
+        rounded: a rounded source would be padded, and masked."""
         return self.device.type == "cuda" or self.compile
 
     @contextlib.contextmanager
@@ -188,7 +218,7 @@ class ExecutionPolicy:
             return model
         copied = copy_with_linears(model, onednn.TrainingLinear.over if onednn_products else None)
         if self.compile:
-            compile_repeated_layers(copied)
+            compile_repeated_layers(copied, self.compile_backend)
         return copied
 
     def describe(self) -> str:
@@ -199,10 +229,18 @@ class ExecutionPolicy:
             else ",".join(a.value for a in self.attention)
         )
         precision = "fp32" if self.dtype is None else str(self.dtype).removeprefix("torch.")
+        sources = "one source length" if self.equal_source_lengths else "similar source lengths"
         return (
             f"{self.device}, {precision}, attention [{attention}], "
-            f"compile {'on' if self.compile else 'off'}, CPU products {self.cpu_products.value}"
+            f"compile {'on' if self.compile else 'off'}, CPU products {self.cpu_products.value}, "
+            f"batches of {sources}"
         )
+
+    def eager(self) -> ExecutionPolicy:
+        """This policy without torch.compile: what validation's loss runs in (a compiled step's
+        layers in eval and without gradients would be new graphs, compiled for a pass that runs
+        once in many updates)."""
+        return dataclasses.replace(self, compile=False)
 
 
 def decode_batch_tokens(device: torch.device) -> int:
@@ -232,6 +270,14 @@ def attention_order(
     if backends == [SdpaBackend.auto]:
         return AUTO_ATTENTION.get(device.type)
     return tuple(backends)
+
+
+def equal_sources(setting: SourceLengths, device: torch.device, use: str) -> bool:
+    """trainer.source_lengths (use="training") or decode.source_lengths ("decoding") decided for
+    `device`: auto by AUTO_EQUAL_SOURCES."""
+    if setting == SourceLengths.auto:
+        return device.type in AUTO_EQUAL_SOURCES[use]
+    return setting == SourceLengths.equal
 
 
 def should_compile(value: object, device: torch.device) -> bool:
@@ -284,13 +330,28 @@ def copy_with_linears(
     return copied
 
 
-def compile_repeated_layers(model: nn.Module) -> None:
+def compile_repeated_layers(model: nn.Module, backend: str = "inductor") -> None:
     """Compile each of the model's repeated layers in place (regional compilation: the
     Transformer's `repeated_layers()`, its encoder and decoder layers). The layers of a stack
     share their code, so Dynamo traces one encoder layer and one decoder layer, and their
     graphs serve every layer of the stack, where the whole step compiled as one graph traced
     all twelve; the embeddings and the final norms stay eager (the loss compiles its chunks'
     passes itself: loss.TrainingLoss.for_policy). Dynamic shapes: a new batch shape
-    reuses the graphs."""
+    reuses the graphs, and no size is assumed equal to another because it was in the first
+    batch (`no_duck_shapes`)."""
+    no_duck_shapes()
     for layer in model.repeated_layers():
-        layer.compile(dynamic=True)
+        layer.compile(dynamic=True, backend=backend)
+
+
+def no_duck_shapes() -> None:
+    """Turn Dynamo's duck sizing off for this process. With it, sizes that are equal in the
+    first traced call share one symbol, and the graph guards that they stay equal: a first
+    batch whose source and target had one length made the decoder layer's graph assume
+    `memory_k.size(2) == x.size(1)`, and the next batch without that equality compiled it
+    again (12% of rounded WMT-like batches have S == T). torch reads the setting whenever it
+    traces a new graph; the graphs are as general without it, only their first call's guess
+    is gone."""
+    import torch.fx.experimental._config as fx_config
+
+    fx_config.use_duck_shape = False

@@ -1,16 +1,23 @@
 """Translation metrics on detokenized text: sacreBLEU's BLEU and chrF with their signatures, and the
 paper's tokenized BLEU (the Moses tokenizer, compounds split), reported apart. A leaf: nothing of
-ours below it."""
+ours below it.
+
+sacremoses is imported where the tokenized BLEU first needs it, not with this module: training,
+evaluation and the benchmarks import this module for sacreBLEU alone, and a machine without
+sacremoses (the lent GPU machine's image has none) must still run them."""
 
 from __future__ import annotations
 
 import functools
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sacrebleu
 from sacrebleu.metrics.bleu import BLEUScore
-from sacremoses import MosesTokenizer
+
+if TYPE_CHECKING:
+    from sacremoses import MosesTokenizer
 
 COMPOUND = re.compile(r"(\S)-(\S)")
 TOKENIZED_BLEU_NOTE = (
@@ -65,6 +72,8 @@ def split_compounds(line: str) -> str:
 @functools.lru_cache(maxsize=4)
 def moses_tokenizer(lang: str) -> MosesTokenizer:
     """One per language: building one reads that language's non-breaking prefixes."""
+    from sacremoses import MosesTokenizer  # here, not at the top: the module's docstring
+
     return MosesTokenizer(lang=lang)
 
 

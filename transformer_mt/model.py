@@ -22,6 +22,7 @@ from transformer_mt.config import ModelConfig
 class EncoderOutput(NamedTuple):
     memory: Tensor  # (B, S, D)
     src_keep: Tensor  # (B, S) True at real source tokens
+    padded: bool = True  # False: every source has the batch's length, and no key is masked
 
 
 @dataclass
@@ -89,10 +90,6 @@ class DecoderCache:
         self.cross_v = [v.index_select(0, sources) for v in self.cross_v]
         return sources
 
-    def written(self, layer: int) -> Tensor | None:
-        """Which of the positions `extend` returned hold keys: None, all of them."""
-        return None
-
 
 @dataclass
 class FixedDecoderCache:
@@ -101,11 +98,11 @@ class FixedDecoderCache:
     layer's keys and values preallocated for `max_length` positions of every row, the batch's
     rows kept to its end (a search masks finished rows instead of removing them).
 
-    `extend` writes one position and returns the whole (N, H, max_length, Dh) buffers; `written`
-    says which positions attention may read. A reorder is noted and gathered at the next
-    `extend`, positions written so far only, into a second buffer that then takes the first's
-    place. The buffers start as zeros: positions not written yet are read by attention's
-    products (then masked), so they must hold finite numbers.
+    `extend` writes one position and returns the positions written so far, views of the
+    (N, H, max_length, Dh) buffers: attention reads them with no mask (on CUDA the flash kernel
+    can take the call), and the views make no new allocation however long they grow. A reorder
+    is noted and gathered at the next `extend`, positions written so far only, into a second
+    buffer that then takes the first's place.
     """
 
     max_length: int
@@ -117,7 +114,6 @@ class FixedDecoderCache:
     cross_v: list[Tensor] = field(default_factory=list)
     filled: list[int] = field(default_factory=list)  # per layer: positions written
     pending_rows: list[Tensor | None] = field(default_factory=list)  # per layer: to gather
-    positions: Tensor | None = None  # (max_length,) 0, 1, ...: for `written`
 
     @property
     def length(self) -> int:
@@ -125,8 +121,8 @@ class FixedDecoderCache:
         return self.filled[0] if self.filled else 0
 
     def extend(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """Layer `layer`'s buffers (N, H, max_length, Dh) with the new position k, v
-        (N, H, 1, Dh) written after the ones before it."""
+        """Layer `layer`'s positions written so far (N, H, t + 1, Dh), views of its buffers, the
+        new position k, v (N, H, 1, Dh) written after the ones before it."""
         if k.shape[2] != 1:
             raise ValueError(f"a fixed-shape cache takes one position a step, not {k.shape[2]}")
         if len(self.self_k) == layer:
@@ -146,13 +142,7 @@ class FixedDecoderCache:
         self.self_k[layer][:, :, length] = k[:, :, 0]
         self.self_v[layer][:, :, length] = v[:, :, 0]
         self.filled[layer] = length + 1
-        return self.self_k[layer], self.self_v[layer]
-
-    def written(self, layer: int) -> Tensor:
-        """(max_length,) True at the positions of layer `layer` written so far."""
-        if self.positions is None:
-            self.positions = torch.arange(self.max_length, device=self.self_k[layer].device)
-        return self.positions < self.filled[layer]
+        return self.self_k[layer][:, :, : length + 1], self.self_v[layer][:, :, : length + 1]
 
     def reorder(self, index: Tensor) -> None:
         """Keep rows `index` (N,): every row's keys and values become those of row index[i]."""
@@ -331,9 +321,6 @@ class SelfAttention(nn.Module):
                 mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device)
                 mask = mask.tril(diagonal=offset)
             causal = False  # one new position may attend to every cached one
-            written = cache.written(layer)  # (L,): a fixed-shape cache's positions written
-            if written is not None:
-                keep, mask = written.expand(k.shape[0], -1), written[None, None, None, :]
             if one_query_step(q, self.training):
                 return project(self.out, merge_heads(attend_few_queries(q, k, v, keep)))
         attended = F.scaled_dot_product_attention(
@@ -364,13 +351,16 @@ class CrossAttention(nn.Module):
         k, v = (split_heads(t, self.n_heads) for t in project(self.kv, memory).chunk(2, dim=-1))
         return k, v  # (B, H, S, Dh) each
 
-    def forward(self, x: Tensor, k: Tensor, v: Tensor, src_keep: Tensor) -> Tensor:
-        """x (N, T, D) attends to k, v (B, H, S, Dh) at src_keep (B, S): N = B or, where target
-        rows come N / B to a source (beam search's beams, consecutive), N a multiple of B."""
+    def forward(self, x: Tensor, k: Tensor, v: Tensor, src_keep: Tensor | None) -> Tensor:
+        """x (N, T, D) attends to k, v (B, H, S, Dh) at src_keep (B, S; None: at every source
+        position): N = B or, where target rows come N / B to a source (beam search's beams,
+        consecutive), N a multiple of B."""
         q = split_heads(project(self.q, x), self.n_heads)  # (N, H, T, Dh)
         if self.kept_weights is not None:  # Transformer.cross_attention: the weights themselves
             scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-            weights = scores.masked_fill(~src_keep[:, None, None, :], float("-inf")).softmax(-1)
+            if src_keep is not None:
+                scores = scores.masked_fill(~src_keep[:, None, None, :], float("-inf"))
+            weights = scores.softmax(-1)
             self.kept_weights.append(weights)  # (B, H, T, S)
             return project(self.out, merge_heads(weights @ v))
         one_query = one_query_step(q, self.training)
@@ -385,7 +375,7 @@ class CrossAttention(nn.Module):
                 q,
                 k,
                 v,
-                attn_mask=src_keep[:, None, None, :],
+                attn_mask=None if src_keep is None else src_keep[:, None, None, :],
                 dropout_p=self.dropout if self.training else 0.0,
             )
         if shared:
@@ -462,7 +452,8 @@ class EncoderLayer(nn.Module):
         self.attn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.norm_first)
         self.ffn_block = Sublayer(cfg.d_model, cfg.dropout, cfg.norm_first)
 
-    def forward(self, x: Tensor, src_keep: Tensor) -> Tensor:
+    def forward(self, x: Tensor, src_keep: Tensor | None) -> Tensor:
+        """src_keep (B, S): the keys to attend; None: all of them (no source is padded)."""
         x = self.attn_block(x, lambda h: self.self_attn(h, keep=src_keep))
         return self.ffn_block(x, self.ffn)
 
@@ -482,12 +473,13 @@ class DecoderLayer(nn.Module):
         x: Tensor,
         memory_k: Tensor,
         memory_v: Tensor,
-        src_keep: Tensor,
+        src_keep: Tensor | None,
         cache: KVCache | None = None,
         layer: int = 0,
     ) -> Tensor:
-        """`layer`: this layer's index in `cache` (incremental decoding only, so that a compiled
-        layer's training graph sees no integer that differs from layer to layer)."""
+        """src_keep (B, S): the source positions to attend; None: all of them. `layer`: this
+        layer's index in `cache` (incremental decoding only, so that a compiled layer's training
+        graph sees no integer that differs from layer to layer)."""
         x = self.self_block(x, lambda h: self.self_attn(h, causal=True, cache=cache, layer=layer))
         x = self.cross_block(x, lambda h: self.cross_attn(h, memory_k, memory_v, src_keep))
         return self.ffn_block(x, self.ffn)
@@ -544,13 +536,16 @@ class Transformer(nn.Module):
         x = table(tokens) * math.sqrt(self.cfg.d_model) + self.positions[start : start + length]
         return self.embed_dropout(x)  # (B, L, D)
 
-    def encode(self, src: Tensor) -> EncoderOutput:
-        """src: (B, S) token ids, right-padded with pad_id."""
+    def encode(self, src: Tensor, *, padded: bool = True) -> EncoderOutput:
+        """src: (B, S) token ids, right-padded with pad_id. padded=False: no source is padded
+        (the caller knows it from the lengths on the host: a batch of one source length), so
+        attention takes no key mask, here and in `decode`."""
         src_keep = src != self.pad_id  # (B, S)
+        keep = src_keep if padded else None
         x = self.embed_tokens(src, self.embed if self.src_embed is None else self.src_embed)
         for layer in self.encoder:
-            x = layer(x, src_keep)
-        return EncoderOutput(self.encoder_norm(x), src_keep)
+            x = layer(x, keep)
+        return EncoderOutput(self.encoder_norm(x), src_keep, padded)
 
     def fill_cross_attention(self, encoded: EncoderOutput, cache: KVCache) -> None:
         """Every decoder layer's cross-attention keys and values, computed once into `cache`."""
@@ -582,13 +577,14 @@ class Transformer(nn.Module):
         x = self.embed_tokens(tgt_in, self.embed, start)
         if cache is not None:
             self.fill_cross_attention(encoded, cache)  # no-op after the first call
+        keep = encoded.src_keep if encoded.padded else None
         for index, layer in enumerate(self.decoder):
             if cache is None:
                 memory_k, memory_v = layer.cross_attn.memory_kv(encoded.memory)
-                x = layer(x, memory_k, memory_v, encoded.src_keep)
+                x = layer(x, memory_k, memory_v, keep)
             else:
                 memory_k, memory_v = cache.cross_k[index], cache.cross_v[index]
-                x = layer(x, memory_k, memory_v, encoded.src_keep, cache, index)
+                x = layer(x, memory_k, memory_v, keep, cache, index)
         return self.decoder_norm(x)
 
     def repeated_layers(self) -> list[nn.Module]:

@@ -173,12 +173,17 @@ def test_the_fixed_shape_cache_decodes_as_the_growing_cache(random_model):
 
 
 def test_every_step_of_the_fixed_shape_search_has_the_same_shapes(random_model):
+    """The cache's buffers keep one shape; attention reads the positions written so far as views
+    of them (no mask, no new allocation)."""
     model = random_model(vocab=24, seed=1, sharpen=2.0, eos_bonus=3.0)
     shapes, extend = [], FixedDecoderCache.extend
 
     def recording(cache, layer, k, v):
         keys, values = extend(cache, layer, k, v)
-        shapes.append((tuple(k.shape), tuple(keys.shape), tuple(values.shape)))
+        buffers = cache.self_k[layer], cache.self_v[layer]
+        assert keys.shape[2] == values.shape[2] == cache.filled[layer]  # the written prefix
+        assert [keys.data_ptr(), values.data_ptr()] == [b.data_ptr() for b in buffers]
+        shapes.append((tuple(k.shape), *(tuple(b.shape) for b in buffers)))
         return keys, values
 
     src = varied_sources(6, 24, seed=1)

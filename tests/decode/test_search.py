@@ -285,8 +285,8 @@ class ScriptedModel(torch.nn.Module):
         super().__init__()
         self.register_buffer("positions", torch.zeros(32, 1))
 
-    def encode(self, src):
-        return EncoderOutput(torch.zeros(src.shape[0], src.shape[1], 1), src != PAD)
+    def encode(self, src, *, padded=True):
+        return EncoderOutput(torch.zeros(src.shape[0], src.shape[1], 1), src != PAD, padded)
 
     def fill_cross_attention(self, encoded, cache):
         if not cache.cross_k:

@@ -4,14 +4,15 @@ import dataclasses
 import logging
 import random
 
+import numpy as np
 import pytest
 import torch
 
-from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, Strategy
+from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, SourceLengths, Strategy
 from transformer_mt.data.tokenizer import UNK_ID, Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.search import Hypothesis
-from transformer_mt.decode.translator import Translation, Translator
+from transformer_mt.decode.translator import ModelSearch, Translation, Translator
 from transformer_mt.errors import ConfigError
 
 VOCAB, POSITIONS = 400, 24  # the position table: 23 pieces + EOS (it grows past them)
@@ -232,3 +233,29 @@ def test_decode_batch_tokens_null_is_the_default_of_the_backends_device(tokenize
     assert [len(b) for b in on_cpu.batches(sources)] == [40] * 7 + [20]
     assert [len(b) for b in on_cuda.batches(sources)] == [163, 137]
     assert [len(b) for b in on_cuda.batches(sources, given)] == [1] * 300
+
+
+@pytest.mark.parametrize("strategy", [Strategy.beam, Strategy.greedy])
+@pytest.mark.parametrize("fixed_shape", [False, True])
+def test_translations_equal_the_masked_paths(random_model, strategy, fixed_shape):
+    """Sources of several lengths decoded in batches of one source length where a length fills
+    half a batch (no masks) and in batches of similar lengths (padded, masked): the same
+    translations, scores within float rounding (a sharpened random model: no near-ties)."""
+    model = random_model(vocab=24, seed=2, sharpen=4.0, eos_bonus=3.0)
+    rng = np.random.default_rng(5)
+    sources = [rng.integers(4, 24, int(n)).tolist() for n in rng.integers(2, 7, 60)]
+    decode = DecodeConfig(strategy=strategy, max_len_a=1.0, max_len_b=4, batch_tokens=100)
+    if fixed_shape:
+        decode = dataclasses.replace(decode, batch_shape="fixed")
+    translator = Translator(ModelSearch(model, torch.device("cpu")), tokenizers=None, decode=decode)
+    found = {}
+    for lengths in (SourceLengths.equal, SourceLengths.similar):
+        call = dataclasses.replace(decode, source_lengths=lengths)
+        one_length = [
+            len({len(sources[i]) for i in b}) == 1 for b in translator.batches(sources, call)
+        ]
+        assert any(one_length) if lengths == SourceLengths.equal else not all(one_length)
+        found[lengths] = translator.nbest_ids(sources, call)
+    equal, masked = found[SourceLengths.equal], found[SourceLengths.similar]
+    assert [h[0].tokens for h in equal] == [h[0].tokens for h in masked]
+    assert [h[0].score for h in equal] == pytest.approx([h[0].score for h in masked], abs=1e-4)

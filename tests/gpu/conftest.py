@@ -10,7 +10,6 @@ import warnings
 
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 # cuBLAS is deterministic only with a fixed workspace configuration (torch's reproducibility
 # notes), which it reads when its handle is created: set here, at collection, before any test
@@ -40,11 +39,12 @@ def device() -> torch.device:
 @pytest.fixture
 def deterministic():
     """Deterministic kernels, for bitwise comparisons: torch's deterministic variants where an op
-    has one, and the math attention kernel (the fused kernels' backward passes accumulate with
-    atomics in a varying order). Yields the messages of ops that warned they have none."""
+    has one. The attention kernel is the runs' own setting (toy_runs.MATH_ATTENTION): a kernel
+    context entered here would be replaced by the execution policy's, which forward() enters
+    for every micro-batch. Yields the messages of ops that warned they have none."""
     torch.use_deterministic_algorithms(True, warn_only=True)
     try:
-        with warnings.catch_warnings(record=True) as caught, sdpa_kernel(SDPBackend.MATH):
+        with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             yield NondeterministicOps(caught)
     finally:

@@ -122,8 +122,7 @@ def test_beam_search_on_the_gpu_finds_what_it_finds_on_the_cpu():
 def test_the_fixed_shape_search_on_the_device_finds_what_it_finds_on_the_cpu(device):
     """What CUDA runs by default (the fixed-shape batch, done decided on the device) against
     today's shrinking search on the CPU, in float32; then under the device's decoding policy
-    (bf16 autocast on CUDA). Rehearsed on the CPU (the `device` fixture); in the core run
-    (benchmarks/gpu_check.py's CORE_TESTS: "finds_what_it_finds")."""
+    (bf16 autocast on CUDA). Rehearsed on the CPU (the `device` fixture)."""
     cfg = ModelConfig(
         name="t", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
         dropout=0.0, max_positions=64,

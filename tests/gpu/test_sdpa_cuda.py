@@ -9,6 +9,10 @@ Which kernel "default" is: on H100/H200 with torch >= 2.9, cuDNN attention for b
 flash take no fp32, for which the memory-efficient kernel runs); on the CPU (the check's
 rehearsal, GPU_CHECK_REHEARSAL=1) the CPU flash kernel.
 
+Which kernel each call site takes (the last tests): flash for all three in a training step under
+the CUDA policy (batches of one source length: no mask), and in a beam search of one source
+length; a masked call takes the memory-efficient kernel (benchmarks/gpu_kernels.py prints both).
+
 pytorch#196678 (torch 2.11 to 2.13 on H100/H200): cuDNN's backward returns NaN grad_q when an
 explicit attn_mask is passed, the key length % 128 == 64, and a query row's logsumexp is below
 ln(FLT_MAX) = -88.7. The last test builds such rows. Where its default case fails, train with
@@ -24,9 +28,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer_mt.config import Precision, SdpaBackend, TrainerConfig
+from benchmarks.gpu_kernels import SITES, decoding_kernels, training_kernels
+from transformer_mt.config import (
+    DecodeConfig,
+    ModelConfig,
+    Precision,
+    SdpaBackend,
+    SourceLengths,
+    TrainerConfig,
+)
 from transformer_mt.execution import ExecutionPolicy
-from transformer_mt.model import CrossAttention, SelfAttention
+from transformer_mt.model import CrossAttention, SelfAttention, Transformer
 
 pytestmark = pytest.mark.gpu
 LENGTHS = [30, 64, 192, 200]
@@ -178,3 +190,33 @@ def test_backward_stays_finite_when_a_rows_logits_are_all_below_minus_88(device,
     for name in ("output", "grad_v"):
         error = relative_error(got[name], reference[name])
         assert error <= TOLERANCE["bf16"], (name, error)
+
+
+def test_every_attention_call_of_a_training_step_takes_flash(device):
+    """Under the training policy's defaults (on CUDA: bf16, [flash, efficient, math], batches of
+    one source length): the encoder's self-attention, the decoder's and the cross-attention
+    call SDPA with no mask but causality, and SDPA takes flash for each (a masked call would
+    take the memory-efficient kernel; benchmarks/gpu_kernels.py prints both)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=D_MODEL, n_heads=HEADS, d_ff=512, dropout=0.1)
+    model = Transformer(cfg, vocab_size=1000, pad_id=0).to(device)
+    training = ExecutionPolicy.for_training(TrainerConfig(compile="false"), device)
+    assert training.equal_source_lengths == (device.type == "cuda")
+    chosen = training_kernels(model, training, training.equal_source_lengths, rows=16)
+    assert chosen == {site: {"flash"} for site in SITES}, chosen
+
+
+@pytest.mark.parametrize("lengths", list(SourceLengths))
+def test_a_beam_searchs_decoder_takes_flash_and_with_one_source_length_every_call(lengths):
+    """The fixed-shape search's decoder reads the positions written so far, unmasked: flash.
+    The encoder and the cross-attention take flash where the batch has one source length
+    (decode.source_lengths=equal, auto's on CUDA); in a batch of similar lengths (masked) the
+    memory-efficient kernel."""
+    cuda = torch.device("cuda", 0)
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=D_MODEL, n_heads=HEADS, d_ff=512)
+    model = Transformer(cfg, vocab_size=1000, pad_id=0).to(cuda)
+    chosen = decoding_kernels(model, DecodeConfig(source_lengths=lengths), cuda, rows=8)
+    masked = "efficient" if lengths == SourceLengths.similar else "flash"
+    expected = dict(zip(SITES, ({masked}, {"flash"}, {masked}), strict=True))
+    assert chosen == expected, chosen

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
-from toy_runs import trainer_for
+from toy_runs import MATH_ATTENTION, trainer_for
 
 from transformer_mt.commands.train import train
 from transformer_mt.config import TrainJob
@@ -33,6 +33,8 @@ CUDA = torch.device("cuda", 0)
 # Eager: the tests below compare runs bitwise and time-box the GPU check; compiling (auto's
 # choice on CUDA) is tested on its own at the end.
 ON_CUDA = ["trainer.device=cuda", "trainer.compile=false", *QUICK]
+# Runs compared bitwise: the math attention kernel, through the execution policy (conftest.py).
+BITWISE = [*ON_CUDA, MATH_ATTENTION]
 
 
 def first_batches(job: TrainJob, data: PreparedData, count: int) -> list[Batch]:
@@ -105,7 +107,7 @@ def test_fused_adam_skips_an_inf_gradient_on_the_device_without_a_host_sync(
 
 def test_checkpoint_and_resume_on_cuda_continue_bitwise(tiny_train_job, tmp_path, deterministic):
     # A loader worker collates; the main process pins the batches and copies them asynchronously.
-    cuda = [*ON_CUDA, "trainer.loader_workers=1"]
+    cuda = [*BITWISE, "trainer.loader_workers=1"]
 
     def run(updates: int, folder: str) -> dict:
         job = tiny_train_job(*cuda, f"trainer.max_steps={updates}", f"run_dir={tmp_path / folder}")
@@ -160,7 +162,7 @@ def trained_state(job: TrainJob, data: PreparedData, ranks: Ranks, updates) -> d
 def test_a_one_rank_nccl_ddp_run_equals_the_plain_run(tiny_train_job, tmp_path, deterministic):
     if not dist.is_nccl_available():
         pytest.skip("this torch has no NCCL")
-    job = tiny_train_job(*ON_CUDA)
+    job = tiny_train_job(*BITWISE)
     data = prepare(job.data)
     batches = first_batches(job, data, 6)
     # Two micro-batches per update: the first accumulates under DDP's no_sync.

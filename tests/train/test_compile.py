@@ -4,25 +4,28 @@ micro-batch equal to an eager one, and shapes that stop making new graphs."""
 from __future__ import annotations
 
 import logging
+import math
 import re
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 from torch._inductor.utils import run_and_get_code
+from toy_runs import trainer_for
 
 from transformer_mt import execution
 from transformer_mt.commands.train import train
 from transformer_mt.config import ModelConfig, Precision, TrainerConfig, compile_setting
-from transformer_mt.data.batching import pad_sequences
+from transformer_mt.data.batching import collate, pad_sequences, token_batches
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy, should_compile
 from transformer_mt.model import EncoderLayer, Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train import compiling
 from transformer_mt.train.compiling import CompileCounts
-from transformer_mt.train.loss import TrainingLoss
+from transformer_mt.train.loss import TrainingLoss, compiled_softmax_terms
 
 CPU = torch.device("cpu")
 
@@ -184,6 +187,10 @@ def test_recompiles_are_counted_and_warned_about_at_the_limit(caplog):
             watch.check(length)
     assert CompileCounts.now().recompiles - before == 2
     assert "torch.compile recompiled" in caplog.text
+    # and why: at each recompile, the guard each earlier graph failed (the length: 3, then 4)
+    logged = [r.getMessage() for r in caplog.records]
+    reasons = [m for m in logged if m.startswith("torch.compile recompiled <lambda>")]
+    assert len(reasons) >= 2 and all("size mismatch" in m for m in reasons), reasons
 
 
 @pytest.mark.slow
@@ -205,3 +212,84 @@ def test_a_resumed_run_finds_its_compiled_kernels_in_the_run_folder(
     assert f"torch.compile's cache: {first.resolve()} (the run folder's;" in caplog.text
     counters = torch._dynamo.utils.counters["inductor"]
     assert counters["fxgraph_cache_hit"] > 0 and counters["fxgraph_cache_miss"] == 0, counters
+
+
+def compile_id(frame: int, compilation: int):
+    """What Dynamo's end-of-compilation callback receives for `compilation` of `frame`."""
+    return SimpleNamespace(
+        compile_id=f"{frame}/{compilation}", callback_trigger=SimpleNamespace(name="DYNAMO")
+    )
+
+
+def test_the_recompile_warning_compares_one_frames_recompiles_with_the_per_frame_limit(
+    monkeypatch, caplog
+):
+    """torch's recompile_limit holds per frame: 3 frames of limit / 2 + 1 graphs each (more
+    recompiles in all than the limit) run nothing eagerly, so no warning; a frame's graph number
+    `limit` fills its cache, and that is warned about."""
+    monkeypatch.setattr(compiling, "RECOMPILES", compiling.RecompileCount())
+    limit = torch._dynamo.config.recompile_limit  # 8
+    each = limit // 2 + 1
+    watch = compiling.CompileWatch()
+    with caplog.at_level(logging.INFO, logger=compiling.__name__):
+        for frame in range(3):
+            for compilation in range(each):
+                compiling.RECOMPILES(compile_id(frame, compilation))
+        assert watch.check(1).recompiles == 3 * (each - 1) >= limit
+        assert not [r for r in caplog.records if r.levelno == logging.WARNING]
+        for compilation in range(each, limit):
+            compiling.RECOMPILES(compile_id(0, compilation))
+        watch.check(2)
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    total = 3 * (each - 1) + limit - each
+    assert f"recompiled one frame {limit - 1} times ({total} recompiles in all)" in warning
+
+
+@pytest.fixture
+def eager_compile(monkeypatch):
+    """torch.compile with the eager backend (Dynamo's tracing, guards and recompiles, without
+    generating code: quick), whatever backend its caller asks for; Dynamo's state afresh, and
+    the process-wide settings a compiled policy changes restored after the test."""
+    import torch.fx.experimental._config as fx_config
+
+    compile_for_real = torch.compile
+    monkeypatch.setattr(
+        torch, "compile", lambda *a, **k: compile_for_real(*a, **{**k, "backend": "eager"})
+    )
+    duck_shapes = fx_config.use_duck_shape
+    compiled_softmax_terms.cache_clear()
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    yield
+    fx_config.use_duck_shape = duck_shapes
+    compiled_softmax_terms.cache_clear()
+    torch._dynamo.reset()
+
+
+def test_a_first_batch_whose_source_and_target_share_a_length_makes_no_later_recompile(
+    eager_compile,
+):
+    """Duck sizing would have the decoder layer's graph assume memory_k.size(2) == x.size(1)
+    after a first batch with S == T, and compile it again at the first batch without."""
+    model = tiny_model()
+    execution.compile_repeated_layers(model)
+    loss = TrainingLoss(model, epsilon=0.1, pad_id=0)
+    counts = []
+    for seed, (rows, src_length, tgt_length) in enumerate([(5, 9, 9), (5, 11, 7), (6, 8, 13)]):
+        loss(*batch(rows, src_length, tgt_length, seed)).loss.backward()
+        counts.append(CompileCounts.now().graphs)
+    assert counts == [2, 2, 2], counts  # an encoder layer's graph and a decoder layer's
+
+
+def test_validation_runs_the_compiled_models_layers_eagerly(eager_compile, tiny_train_job):
+    """Validation's loss (eval, no gradients) through the compiled layers would compile new
+    graphs for a pass that runs once in many updates; it runs them eagerly, the same weights."""
+    job = tiny_train_job("trainer.compile=true", "trainer.valid_bleu_sentences=0")
+    trainer = trainer_for(job)
+    data = trainer.data.train
+    indices = token_batches(data.src.lengths, data.tgt.lengths, 400, seed=1, epoch=0)[:1]
+    trainer.train_step([collate(data, indices[0], pad_id=0, bos_id=2, eos_id=3)])
+    trained = CompileCounts.now().graphs
+    assert trained > 0
+    scores = trainer.validate()
+    assert CompileCounts.now().graphs == trained and math.isfinite(scores.loss)

@@ -38,10 +38,15 @@ def assert_same_tensors(a, b, what: str) -> None:
         assert a == b, what
 
 
-def test_three_steps_stop_resume_three_steps_equals_six_steps(tiny_train_job, tmp_path):
-    straight = load(train(tiny_train_job("trainer.max_steps=6", f"run_dir={tmp_path / 'a'}")))
-    train(tiny_train_job("trainer.max_steps=3", f"run_dir={tmp_path / 'b'}"))
-    resumed = load(train(tiny_train_job("trainer.max_steps=6", f"run_dir={tmp_path / 'b'}")))
+@pytest.mark.parametrize("lengths", ["similar", "equal"])
+def test_three_steps_stop_resume_three_steps_equals_six_steps(tiny_train_job, tmp_path, lengths):
+    """Batches of similar source lengths (the CPU's) and of one source length each (CUDA's)."""
+    steps = [f"trainer.max_steps={n}" for n in (6, 3)]
+    sources = f"trainer.source_lengths={lengths}"
+    straight = load(train(tiny_train_job(steps[0], sources, f"run_dir={tmp_path / 'a'}")))
+    train(tiny_train_job(steps[1], sources, f"run_dir={tmp_path / 'b'}"))
+    resumed = load(train(tiny_train_job(steps[0], sources, f"run_dir={tmp_path / 'b'}")))
+    assert len(resumed["progress"]["layout"]) == (3 if lengths == "equal" else 2)
     assert straight["step"] == resumed["step"] == 6
     assert_same_tensors(straight["model"], resumed["model"], "model")
     assert_same_tensors(straight["optimizer"], resumed["optimizer"], "optimizer")

@@ -1,5 +1,14 @@
 """Length-bucketed batches under a token budget, shuffled per (seed, epoch), split across ranks.
 
+Two ways to group (`equal_sources`, the execution policy's ExecutionPolicy.equal_source_lengths):
+sentences of similar lengths, padded (and masked) to the batch's longest; or, where a source
+length has enough sentences, batches of that one length, so that no source position is padding
+and attention needs no key mask (targets are still padded, on the right, where causal attention
+needs none): `one_length_batches`. Both fill the same budgets: the sentences a length leaves over
+(less than half a batch) are packed with their neighbours' as before, padded and masked. On a
+WMT-sized corpus 99.5% of the target tokens are in batches of one length, on Multi30k 85-96%,
+with no more batches than similar lengths give (benchmarks/batch_plan.txt).
+
 `token_batches` decides which examples go together; `plan_batches` how many of them make one
 update and under what budget; `BatchDataset` collates them from the memory-mapped store inside
 DataLoader workers, so the training process only receives tensors.
@@ -29,6 +38,7 @@ def token_batches(
     shuffle: bool = True,
     rank: int = 0,
     world_size: int = 1,
+    equal_sources: bool = False,
 ) -> list[np.ndarray]:
     """This rank's index arrays: its share of `epoch_batches`, which deals the batches out in
     turn (rank r takes batches r, r + world_size, r + 2 world_size, ...)."""
@@ -40,6 +50,7 @@ def token_batches(
         epoch=epoch,
         shuffle=shuffle,
         world_size=world_size,
+        equal_sources=equal_sources,
     )
     return batches[rank::world_size]
 
@@ -53,10 +64,13 @@ def epoch_batches(
     epoch: int,
     shuffle: bool = True,
     world_size: int = 1,
+    equal_sources: bool = False,
 ) -> list[np.ndarray]:
     """Every rank's index arrays of an epoch, in dealing order; a batch's padded size (count x
-    longest side + 1) fits max_tokens. Every rank computes the same list from (seed, epoch), so
-    each knows the others' batches without asking them.
+    longest side + 1) fits max_tokens; with `equal_sources` its sentences share one source
+    length wherever that length fills at least half a batch (`one_length_batches`). Every rank
+    computes the same list from (seed, epoch), so each knows the others' batches without asking
+    them.
 
     Examples are sorted by source length, then target length (ties broken at random), so that
     a batch holds similar lengths; the batch order is shuffled from (seed, epoch); the count is
@@ -73,7 +87,7 @@ def epoch_batches(
     order = order.astype(np.int32)  # 4 bytes an example: 18 MB for WMT14 en-de
     order = order[length_order(src_lengths[order], tgt_lengths[order])]
     widths = np.maximum(src_lengths[order], tgt_lengths[order]) + 1  # + BOS / EOS
-    batches = pack(order, widths, max_tokens)
+    batches = pack(order, widths, max_tokens, src_lengths[order] if equal_sources else None)
     batches = split_to_multiple(batches, world_size)
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
@@ -97,17 +111,20 @@ def batch_shapes(
     tgt_lengths: np.ndarray,
     *,
     round_lengths: bool = False,
+    equal_sources: bool = False,
 ) -> np.ndarray:
     """(batches, 3) int64: each batch's (rows, source width, target width) as `collate` pads it
-    (BOS / EOS counted; `round_lengths` as collate rounds them). Its distinct rows are the
-    shapes a device meets in the epoch, each new one a plan, a kernel or an allocation the
-    first time."""
+    (BOS / EOS counted; `round_lengths` and `equal_sources` as collate takes them: with both, a
+    batch of one source length keeps it exact). Its distinct rows are the shapes a device meets
+    in the epoch, each new one a plan, a kernel or an allocation the first time."""
     sizes = np.fromiter((len(batch) for batch in batches), dtype=np.int64, count=len(batches))
     starts = np.cumsum(sizes) - sizes
     order = np.concatenate(batches)
     widths = [np.maximum.reduceat(side[order], starts) + 1 for side in (src_lengths, tgt_lengths)]
     if round_lengths:
-        widths = [np.fromiter(map(in_eighth_steps, side.tolist()), np.int64) for side in widths]
+        rounded = [np.fromiter(map(in_eighth_steps, side.tolist()), np.int64) for side in widths]
+        one_length = np.minimum.reduceat(src_lengths[order], starts) + 1 == widths[0]
+        widths = [np.where(one_length & equal_sources, widths[0], rounded[0]), rounded[1]]
     return np.stack([sizes, *widths], axis=1)
 
 
@@ -116,26 +133,64 @@ def length_order(src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> np.ndarray
     return np.lexsort((tgt_lengths, src_lengths))
 
 
-def pack(order: np.ndarray, widths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Cut the sorted order into consecutive runs whose count x max width fits max_tokens."""
+def pack(
+    order: np.ndarray, widths: np.ndarray, max_tokens: int, lengths: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Cut the sorted order into batches whose count x max width fits max_tokens: consecutive
+    runs (`batch_ends`), or, given the source `lengths` in that order, `one_length_batches`."""
+    if lengths is not None:
+        return [order[positions] for positions in one_length_batches(widths, lengths, max_tokens)]
     bounds = [0, *batch_ends(widths, max_tokens)]
     return [order[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
 
 
-def batch_ends(widths: np.ndarray, max_tokens: int) -> list[int]:
+def batch_ends(widths: np.ndarray, max_tokens: int, stops: np.ndarray | None = None) -> list[int]:
     """Where each run ends: the longest from its start whose count x widest fits max_tokens (a
-    run's first example always goes in, however wide). One vectorized step per run, not a
-    Python step per example: `plan_batches` packs the corpus some 30 times (4.5M examples in
-    length order: 0.05-0.15 s a packing here, against 0.7 s example by example)."""
+    run's first example always goes in, however wide) and that crosses none of `stops`
+    (positions where a run must end). One vectorized step per run, not a Python step per
+    example: `plan_batches` packs the corpus some 30 times (4.5M examples in length order:
+    0.05-0.15 s a packing here, against 0.7 s example by example)."""
     ends, start = [], 0
-    while start < len(widths):
-        # count x widest > max_tokens from count max_tokens // widths[start] + 1 on
-        window = widths[start : start + max_tokens // int(widths[start]) + 1]
-        sizes = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
-        over = np.flatnonzero(sizes[1:] > max_tokens)
-        start += int(over[0]) + 1 if len(over) else len(window)
-        ends.append(start)
+    for stop in [*(stops.tolist() if stops is not None else []), len(widths)]:
+        while start < stop:
+            # count x widest > max_tokens from count max_tokens // widths[start] + 1 on
+            window = widths[start : min(start + max_tokens // int(widths[start]) + 1, stop)]
+            sizes = np.maximum.accumulate(window) * np.arange(1, len(window) + 1)
+            over = np.flatnonzero(sizes[1:] > max_tokens)
+            start += int(over[0]) + 1 if len(over) else len(window)
+            ends.append(start)
     return ends
+
+
+def one_length_batches(
+    widths: np.ndarray, lengths: np.ndarray, max_tokens: int
+) -> list[np.ndarray]:
+    """Positions in a sorted order (widths and source `lengths` in that order) of each batch:
+    the order cut into runs of one source length as `batch_ends` cuts them; a run that ends
+    where the length changes and fills less than half of max_tokens is no batch of its own
+    (alone it would leave more than half its budget idle): such runs are packed together, in
+    order, as similar lengths are (padded, masked). In order of their first position."""
+    kept, left_over = one_length_runs(widths, lengths, max_tokens)
+    bounds = [0, *batch_ends(widths[left_over], max_tokens)] if len(left_over) else [0]
+    packed = [left_over[start:end] for start, end in zip(bounds, bounds[1:], strict=False)]
+    return sorted([np.arange(start, end) for start, end in kept] + packed, key=lambda b: b[0])
+
+
+def one_length_runs(
+    widths: np.ndarray, lengths: np.ndarray, max_tokens: int
+) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """`one_length_batches`' runs kept as batches, (start, end), and the positions left over."""
+    if not len(widths):
+        return [], np.zeros(0, dtype=np.int64)
+    stops = np.flatnonzero(np.diff(lengths)) + 1  # where the length changes
+    ends = np.asarray(batch_ends(widths, max_tokens, stops), dtype=np.int64)
+    starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+    sizes = np.maximum.reduceat(widths, starts) * (ends - starts)
+    at_change = np.isin(ends, np.append(stops, len(widths)))
+    small = at_change & (2 * sizes < max_tokens)
+    left = [np.arange(start, end) for start, end in zip(starts[small], ends[small], strict=True)]
+    kept = list(zip(starts[~small].tolist(), ends[~small].tolist(), strict=True))
+    return kept, np.concatenate(left) if left else np.zeros(0, dtype=np.int64)
 
 
 def split_to_multiple(batches: list[np.ndarray], world_size: int) -> list[np.ndarray]:
@@ -188,22 +243,30 @@ def counted(count: int, noun: str) -> str:
 @dataclass(frozen=True)
 class LengthProfile:
     """What a batch plan needs of a corpus: its widths in batching order (the longer side + 1,
-    as `token_batches` packs them) and its target tokens (with EOS)."""
+    as `token_batches` packs them), its target tokens (with EOS), and its source lengths in
+    that order where batches hold one source length (None: similar lengths)."""
 
     widths: np.ndarray
     target_tokens: int
+    lengths: np.ndarray | None = None
 
     @classmethod
-    def of(cls, src_lengths: np.ndarray, tgt_lengths: np.ndarray) -> LengthProfile:
+    def of(
+        cls, src_lengths: np.ndarray, tgt_lengths: np.ndarray, equal_sources: bool = False
+    ) -> LengthProfile:
         order = length_order(src_lengths, tgt_lengths)
         widths = np.maximum(src_lengths[order], tgt_lengths[order]) + 1
-        return cls(widths, int(tgt_lengths.sum()) + len(tgt_lengths))
+        lengths = src_lengths[order] if equal_sources else None
+        return cls(widths, int(tgt_lengths.sum()) + len(tgt_lengths), lengths)
 
     def batch_count(self, max_tokens: int) -> int:
         """Batches per epoch under `max_tokens` (before they are shared out among ranks); never
         more for a larger budget (a batch from a given start only grows with the budget, and a
         later start ends no earlier)."""
-        return len(batch_ends(self.widths, max_tokens))
+        if self.lengths is None:
+            return len(batch_ends(self.widths, max_tokens))
+        kept, left_over = one_length_runs(self.widths, self.lengths, max_tokens)
+        return len(kept) + len(batch_ends(self.widths[left_over], max_tokens))
 
     def smallest_budget(self, most_batches: int, low: int, high: int) -> int:
         """The smallest budget in [low, high] that packs the corpus into at most `most_batches`
@@ -217,10 +280,12 @@ class LengthProfile:
         return low
 
 
-def target_fill(src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int) -> float:
+def target_fill(
+    src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int, equal_sources: bool = False
+) -> float:
     """Real target tokens (with EOS) per budget token in the batches `max_tokens` gives (what a
     test needs to ask for a given number of full micro-batches in target tokens)."""
-    profile = LengthProfile.of(src_lengths, tgt_lengths)
+    profile = LengthProfile.of(src_lengths, tgt_lengths, equal_sources)
     return profile.target_tokens / (profile.batch_count(max_tokens) * max_tokens)
 
 
@@ -232,6 +297,7 @@ def plan_batches(
     max_batch_tokens: int,
     world_size: int,
     padded: bool = False,
+    equal_sources: bool = False,
 ) -> BatchPlan:
     """Micro-batches per rank (`accumulation`) and their budget for updates of
     `global_target_tokens` (trainer.global_batch_tokens), each budget at most `max_batch_tokens`.
@@ -260,8 +326,10 @@ def plan_batches(
 
     The target tokens of either plan are those of one rank's share of the batches; with several
     ranks, an epoch gains at most world_size - 1 halved batches (`split_to_multiple`).
+    `equal_sources`: the batches hold sentences of one source length where it fills half a batch
+    (`epoch_batches`), so the plan packs the corpus as they are packed.
     """
-    profile = LengthProfile.of(src_lengths, tgt_lengths)
+    profile = LengthProfile.of(src_lengths, tgt_lengths, equal_sources)
     asked, budget = global_target_tokens, max_batch_tokens
     if padded:
         accumulation = ceil_div(asked, world_size * budget)
@@ -299,6 +367,7 @@ class Batch:
     tgt_out: torch.Tensor  # (B, T) target ids + EOS, pad where tgt_in is pad
     n_tgt_tokens: int  # real (non-pad) tokens in tgt_out
     n_src_tokens: int = 0  # real (non-pad) tokens in src
+    src_padded: bool = True  # False: every source has the batch's length (nothing to mask)
 
     def to(self, device: torch.device) -> Batch:
         non_blocking = device.type == "cuda"
@@ -358,18 +427,25 @@ def collate(
     bos_id: int,
     eos_id: int,
     round_lengths: bool = False,
+    equal_sources: bool = False,
 ) -> Batch:
-    """The pairs `indices` as padded tensors; `round_lengths`: both padded lengths rounded up to
-    one of 8 lengths per doubling (`batch_shapes`: a GPU then meets far fewer distinct shapes)."""
+    """The pairs `indices` as padded tensors; `round_lengths`: the padded lengths rounded up to
+    one of 8 lengths per doubling (`batch_shapes`: a GPU then meets far fewer distinct shapes).
+    `equal_sources` (batches cut by `one_length_batches`): where the sources share one length,
+    it stays exact, so no source position is padding (Batch.src_padded False) and only the
+    target's length is rounded; the left-over batches of several lengths are padded (and
+    rounded) as similar ones are."""
     src = [data.src[i] for i in indices]
     tgt = [data.tgt[i] for i in indices]
+    one_length = equal_sources and len({len(s) for s in src}) == 1
     rounded = {"round_width": round_lengths}
     return Batch(
-        src=pad_sequences(src, pad_id, suffix=eos_id, **rounded),
+        src=pad_sequences(src, pad_id, suffix=eos_id, round_width=round_lengths and not one_length),
         tgt_in=pad_sequences(tgt, pad_id, prefix=bos_id, **rounded),
         tgt_out=pad_sequences(tgt, pad_id, suffix=eos_id, **rounded),
         n_tgt_tokens=sum(len(s) for s in tgt) + len(tgt),  # + EOS each
         n_src_tokens=sum(len(s) for s in src) + len(src),
+        src_padded=not one_length,
     )
 
 
@@ -387,10 +463,11 @@ class BatchDataset(torch.utils.data.Dataset):
         bos_id: int,
         eos_id: int,
         round_lengths: bool = False,
+        equal_sources: bool = False,
     ):
         self.folder, self.split, self.batches = folder, split, batches
         self.ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
-        self.round_lengths = round_lengths
+        self.shapes = {"round_lengths": round_lengths, "equal_sources": equal_sources}
         self.data: ParallelTokens | None = None
 
     def __len__(self) -> int:
@@ -399,7 +476,7 @@ class BatchDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> Batch:
         if self.data is None:
             self.data = ParallelTokens.load(self.folder, self.split)
-        return collate(self.data, self.batches[index], **self.ids, round_lengths=self.round_lengths)
+        return collate(self.data, self.batches[index], **self.ids, **self.shapes)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "data": None}

@@ -50,6 +50,7 @@ def sample_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
+    src_padded: bool = True,
 ) -> list[Hypothesis]:
     """One sampled translation per sentence, until EOS or the length limit; an Ensemble samples
     from the mean of its members' probabilities."""
@@ -68,4 +69,5 @@ def sample_search(
         max_len_a=max_len_a,
         max_len_b=max_len_b,
         min_len=min_len,
+        src_padded=src_padded,
     )

@@ -95,10 +95,13 @@ class Ensemble:
         self.models = list(models)
         self.pad_id = models[0].pad_id
 
-    def start(self, src: Tensor, max_length: int | None = None) -> Decoders:
+    def start(self, src: Tensor, max_length: int | None = None, padded: bool = True) -> Decoders:
         """Every member's encoder output for src (B, S) and an empty KV cache (given
-        max_length, a FixedDecoderCache of that many positions)."""
-        return Decoders(self.models, [m.encode(src) for m in self.models], max_length)
+        max_length, a FixedDecoderCache of that many positions). padded=False: every source
+        has the batch's length (decode.source_lengths=equal makes such batches), so attention
+        takes no key mask (Transformer.encode)."""
+        encoded = [m.encode(src, padded=padded) for m in self.models]
+        return Decoders(self.models, encoded, max_length)
 
 
 def as_ensemble(model: Transformer | Ensemble) -> Ensemble:
@@ -221,7 +224,9 @@ def keep_rows(encoded: EncoderOutput, cache: DecoderCache, rows: Tensor) -> Enco
     sentences leave."""
     sentences = cache.keep(rows)
     return EncoderOutput(
-        encoded.memory.index_select(0, sentences), encoded.src_keep.index_select(0, sentences)
+        encoded.memory.index_select(0, sentences),
+        encoded.src_keep.index_select(0, sentences),
+        encoded.padded,
     )
 
 
@@ -241,11 +246,12 @@ def single_path_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
+    src_padded: bool = True,
 ) -> list[Hypothesis]:
     """One hypothesis per sentence, one token per step picked by `choose` (greedy: the most
     probable; sampling: a draw); scored by the model's log-probabilities. A row leaves the batch
-    at its EOS."""
-    decoders = as_ensemble(model).start(src)
+    at its EOS. src_padded=False: no source is padded (Ensemble.start), in every search."""
+    decoders = as_ensemble(model).start(src, padded=src_padded)
     limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)  # (N,)
     row_limits = [int(limit) for limit in host_values(limits)[0]]
     sentence = list(range(src.shape[0]))  # input index of each live row
@@ -296,6 +302,7 @@ def greedy_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     min_len: int = 0,
+    src_padded: bool = True,
 ) -> list[Hypothesis]:
     """The most probable token at each step, until EOS or the length limit."""
     return single_path_search(
@@ -308,6 +315,7 @@ def greedy_search(
         max_len_a=max_len_a,
         max_len_b=max_len_b,
         min_len=min_len,
+        src_padded=src_padded,
     )
 
 
@@ -396,6 +404,7 @@ def beam_search(
     min_len: int = 0,
     stop_early: bool = False,
     prune_finished: bool = True,
+    src_padded: bool = True,
 ) -> list[list[Hypothesis]]:
     """Per sentence, up to beam_size finished hypotheses, best first.
 
@@ -404,7 +413,7 @@ def beam_search(
     tests: the outputs are the same.
     """
     k = beam_size
-    decoders = as_ensemble(model).start(src)
+    decoders = as_ensemble(model).start(src, padded=src_padded)
     limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)  # (B,)
     sentence_limits = [int(limit) for limit in host_values(limits)[0]]
     # A sentence's beams all start from BOS alone: the first step runs one row per sentence,
@@ -666,6 +675,7 @@ def fixed_shape_beam_search(
     min_len: int = 0,
     stop_early: bool = False,
     check_every: int = 4,
+    src_padded: bool = True,
 ) -> list[list[Hypothesis]]:
     """`beam_search` with every row kept to the batch's end and the search's state on the
     device: the same hypotheses (up to float rounding), for a device where each copy to the
@@ -684,7 +694,7 @@ def fixed_shape_beam_search(
     limits = max_lengths(src != ensemble.pad_id, max_len_a, max_len_b)  # (B,)
     sentence_limits = [int(limit) for limit in host_values(limits)[0]]
     longest = max(sentence_limits)
-    decoders = ensemble.start(src, max_length=longest)
+    decoders = ensemble.start(src, max_length=longest, padded=src_padded)
     state = BeamState(
         scores=torch.zeros(batch, 1, device=device),
         prefixes=torch.zeros(batch * k, longest, dtype=torch.long, device=device),

@@ -31,7 +31,7 @@ from transformer_mt.config import (
     Strategy,
     validate_decode,
 )
-from transformer_mt.data.batching import pad_sequences
+from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
 from transformer_mt.decode.cpu_linear import LinearKernel, cpu_linear_copy
@@ -79,14 +79,16 @@ def backend_offers(backend: SearchBackend) -> tuple[tuple[DecodePrecision, ...],
     )
 
 
+def backend_device(backend: SearchBackend) -> torch.device:
+    """The torch device a backend searches on (ours: its `device`); the CPU for the others."""
+    device = getattr(backend, "device", None)
+    return device if isinstance(device, torch.device) else torch.device("cpu")
+
+
 def default_batch_tokens(backend: SearchBackend) -> int:
     """decode.batch_tokens=null for this backend: the default of the device it runs on
-    (execution.decode_batch_tokens), for a backend with a torch `device` (ours); the CPU's for
-    the others."""
-    device = getattr(backend, "device", None)
-    if not isinstance(device, torch.device):
-        device = torch.device("cpu")
-    return decode_batch_tokens(device)
+    (execution.decode_batch_tokens, `backend_device`)."""
+    return decode_batch_tokens(backend_device(backend))
 
 
 @runtime_checkable
@@ -160,6 +162,8 @@ class ModelSearch:
             "bos_id": BOS_ID,
             "eos_id": EOS_ID,
             "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
+            # sources of one length (decode.source_lengths=equal): attention masks nothing
+            "src_padded": len({len(s) for s in sources}) > 1,
         }
         policy = ExecutionPolicy.for_decoding(decode, self.device)
         with policy.forward():
@@ -419,20 +423,16 @@ class Translator:
 
     def batches(self, ids: list[list[int]], decode: DecodeConfig | None = None) -> list[list[int]]:
         """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens
-        (None: the defaults')."""
-        budget = self.checked(decode).batch_tokens
+        (None: the defaults') as training groups them (data/batching.pack): of similar lengths,
+        or, where the call's execution policy asks for it (decode.source_lengths), of one
+        length wherever that length fills half a batch."""
+        decode = self.checked(decode)
+        policy = ExecutionPolicy.for_decoding(decode, backend_device(self.backend))
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
-        batches, current, longest = [], [], 0
-        for index in order:
-            width = len(self.cut([ids[index]])[0]) + 1
-            if current and max(longest, width) * (len(current) + 1) > budget:
-                batches.append(current)
-                current, longest = [], 0
-            current.append(index)
-            longest = max(longest, width)
-        if current:
-            batches.append(current)
-        return batches
+        widths = np.array([len(s) + 1 for s in self.cut([ids[i] for i in order])], np.int64)
+        lengths = widths if policy.equal_source_lengths else None
+        batches = pack(np.array(order, np.int64), widths, decode.batch_tokens, lengths)
+        return [batch.tolist() for batch in batches]
 
     def cut(self, sources: list[list[int]]) -> list[list[int]]:
         """Sources as the backend reads them: whole, or cut to its limit (room left for EOS)."""

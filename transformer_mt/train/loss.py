@@ -85,6 +85,7 @@ def projected_loss(
     drop_padding: bool | None = None,
     by_onednn: bool = False,
     compiled_chunks: bool = False,
+    compile_backend: str = "inductor",
 ) -> LossSums:
     """The sums of `label_smoothed_loss(hidden @ weight.T, target)` without its logits.
 
@@ -98,7 +99,7 @@ def projected_loss(
     chunks' float32 products by oneDNN's kernel (the execution policy's choice on the CPU:
     ExecutionPolicy.cpu_products), with the weight reordered once for all the chunks.
     compiled_chunks: each chunk's passes over its logits through torch.compile
-    (`softmax_terms`), where the policy compiles."""
+    (`softmax_terms`), where the policy compiles, by `compile_backend` (the policy's)."""
     keep = target != pad_id
     if drop_padding is None:
         drop_padding = hidden.device.type == "cpu"
@@ -118,6 +119,7 @@ def projected_loss(
         wants_grad=torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad),
         by_onednn=by_onednn,
         compiled_chunks=compiled_chunks,
+        compile_backend=compile_backend,
     )
     with torch.autocast(hidden.device.type, enabled=False):
         loss, nll = ProjectedLoss.apply(tokens, weight, references, weights, plan)
@@ -176,16 +178,19 @@ def softmax_terms(
 
 
 @functools.cache
-def compiled_softmax_terms() -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
-    """`softmax_terms` through torch.compile (once per process), any number of tokens a chunk."""
-    return torch.compile(softmax_terms, dynamic=True)
+def compiled_softmax_terms(
+    backend: str = "inductor",
+) -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
+    """`softmax_terms` through torch.compile's `backend` (once per process and backend), any
+    number of tokens a chunk."""
+    return torch.compile(softmax_terms, dynamic=True, backend=backend)
 
 
 @dataclass(frozen=True)
 class ChunkPlan:
     """How ProjectedLoss works through the tokens (projected_loss's arguments): the smoothing,
     the tokens a chunk, the products' dtype (None: the tokens'), whether a gradient is taken,
-    and which kernels multiply and pass over the logits."""
+    and which kernels multiply and pass over the logits (compiled: by which backend)."""
 
     epsilon: float
     chunk_tokens: int
@@ -193,6 +198,7 @@ class ChunkPlan:
     wants_grad: bool
     by_onednn: bool
     compiled_chunks: bool
+    compile_backend: str = "inductor"
 
 
 class ProjectedLoss(torch.autograd.Function):
@@ -208,7 +214,9 @@ class ProjectedLoss(torch.autograd.Function):
         weight_c = weight.to(compute)
         by_onednn = plan.by_onednn and compute == torch.float32
         logits_of, grad_of = chunk_products(weight_c, by_onednn, wants_grad)
-        terms = compiled_softmax_terms() if plan.compiled_chunks else softmax_terms
+        terms = (
+            compiled_softmax_terms(plan.compile_backend) if plan.compiled_chunks else softmax_terms
+        )
         mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
         loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
         nll = torch.zeros_like(loss)
@@ -264,8 +272,8 @@ class ProjectedLoss(torch.autograd.Function):
 
 
 class TrainingLoss(torch.nn.Module):
-    """The model and its loss as one module, (src, tgt_in, tgt_out) -> LossSums: what
-    DistributedDataParallel wraps. Where the policy compiles, `model`'s repeated layers are
+    """The model and its loss as one module, (src, tgt_in, tgt_out, src_padded) -> LossSums:
+    what DistributedDataParallel wraps. Where the policy compiles, `model`'s repeated layers are
     compiled one by one (ExecutionPolicy.with_kernels) and the loss its chunks' passes over the
     logits (compiled_chunks); the chunk loop itself stays eager (its token selection has a
     data-dependent size). by_onednn: the loss's products by oneDNN's kernel (`projected_loss`).
@@ -279,11 +287,13 @@ class TrainingLoss(torch.nn.Module):
         pad_id: int,
         by_onednn: bool = False,
         compiled_chunks: bool = False,
+        compile_backend: str = "inductor",
     ):
         super().__init__()
         self.model = model
         self.epsilon, self.pad_id = epsilon, pad_id
         self.by_onednn, self.compiled_chunks = by_onednn, compiled_chunks
+        self.compile_backend = compile_backend
 
     @classmethod
     def for_policy(
@@ -298,10 +308,15 @@ class TrainingLoss(torch.nn.Module):
             pad_id=pad_id,
             by_onednn=policy.cpu_products == CpuProducts.onednn,
             compiled_chunks=policy.compile,
+            compile_backend=policy.compile_backend,
         )
 
-    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> LossSums:
-        hidden = self.model.decode_hidden(tgt_in, self.model.encode(src))
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, src_padded: bool = True
+    ) -> LossSums:
+        """src_padded: False where every source of the batch has its length (Batch.src_padded),
+        so that attention takes no key-padding mask."""
+        hidden = self.model.decode_hidden(tgt_in, self.model.encode(src, padded=src_padded))
         return projected_loss(
             hidden,
             self.model.embed.weight,
@@ -310,4 +325,5 @@ class TrainingLoss(torch.nn.Module):
             pad_id=self.pad_id,
             by_onednn=self.by_onednn,
             compiled_chunks=self.compiled_chunks,
+            compile_backend=self.compile_backend,
         )

@@ -61,6 +61,7 @@ STEERING_KEYS = frozenset(
         "trainer.compile",
         "trainer.sdpa_backends",  # which kernels compute attention, not what is trained
         "trainer.cpu_linear",  # which kernel multiplies on the CPU, likewise
+        "trainer.source_lengths",  # which sentences share a micro-batch, as batch_tokens
         "trainer.resume",
         "trainer.resume_from",
         "trainer.init_from",  # used by a run's first start only

@@ -87,6 +87,14 @@ class Trainer:
             self.model, policy, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
         )
         self.train_model = self.distributed(self.loss_module)
+        # Validation's loss: the step's, but eager where the step compiles (policy.eager()).
+        self.valid_loss_module = (
+            TrainingLoss.for_policy(
+                self.model, policy.eager(), epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
+            )
+            if policy.compile
+            else self.loss_module
+        )
         if policy.compile and self.ranks.is_main:
             use_compile_cache(run.compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
@@ -98,6 +106,7 @@ class Trainer:
             max_batch_tokens=cfg.trainer.batch_tokens,
             world_size=self.ranks.world_size,
             padded=cfg.trainer.global_batch_padded,
+            equal_sources=policy.equal_source_lengths,
         )
         small = small_micro_batch_warning(self.plan, self.device)
         if small and self.ranks.is_main:
@@ -144,16 +153,25 @@ class Trainer:
             self.checkpointer.take_weights(start.checkpoint)
         log.info("%s", describe(start))
 
-    def continue_data_position(self) -> None:
-        """A resume with another layout (ranks, micro-batch budget) has another batch order: it
-        continues at the same fraction of the epoch (approximate)."""
+    def batch_layout(self) -> list[int]:
+        """What decides the epoch's batch order besides the seed: [ranks, micro-batch budget],
+        then 1 where each batch holds one source length (ExecutionPolicy.equal_source_lengths;
+        nothing added otherwise, as checkpoints written before it record)."""
         layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
+        return layout + [1] if self.policy.equal_source_lengths else layout
+
+    def continue_data_position(self) -> None:
+        """A resume with another layout (ranks, micro-batch budget, one source length a batch)
+        has another batch order: it continues at the same fraction of the epoch
+        (approximate)."""
+        layout = self.batch_layout()
         saved = self.progress
         if saved.layout == layout:
             return
         self.position_fraction = saved.batch_in_epoch / max(saved.batches_in_epoch, 1)
         log.warning(
-            "resuming with another layout (ranks, micro-batch budget) %s -> %s: the global "
+            "resuming with another layout (ranks, micro-batch budget[, 1: one source length a "
+            "batch]) %s -> %s: the global "
             "batch and the schedule continue; the data position continues at %.1f%% of "
             "epoch %d in the new batch order (approximate)",
             saved.layout,
@@ -176,6 +194,7 @@ class Trainer:
             seed=settings.seed,
             epoch=self.progress.epoch,
             world_size=world_size,
+            equal_sources=self.policy.equal_source_lengths,
         )
         batches = every_rank[self.ranks.rank :: world_size]
         self.tokens_by_turn = target_tokens_by_turn(every_rank, train.tgt.lengths, world_size)
@@ -186,7 +205,7 @@ class Trainer:
             progress.batch_in_epoch = round(self.position_fraction * len(batches))
             self.position_fraction = None
         progress.batches_in_epoch = len(batches)
-        progress.layout = [self.ranks.world_size, self.plan.micro_batch_tokens]
+        progress.layout = self.batch_layout()
         dataset = BatchDataset(
             self.data.folder,
             "train",
@@ -195,6 +214,7 @@ class Trainer:
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             round_lengths=self.policy.round_lengths,
+            equal_sources=self.policy.equal_source_lengths,
         )
         workers = settings.loader_workers
         return torch.utils.data.DataLoader(
@@ -220,13 +240,15 @@ class Trainer:
             train.src.lengths,
             train.tgt.lengths,
             round_lengths=self.policy.round_lengths,
+            equal_sources=self.policy.equal_source_lengths,
         )
         log.info(
-            "epoch %d: %d micro-batches in %d distinct shapes (rows, source and target length%s)",
+            "epoch %d: %d micro-batches in %d distinct shapes (rows, source and target length%s%s)",
             self.progress.epoch,
             len(batches),
             len(np.unique(shapes, axis=0)),
             ", rounded" if self.policy.round_lengths else "",
+            "; one source length a batch" if self.policy.equal_source_lengths else "",
         )
 
     def micro_batches(self) -> Iterator[tuple[Batch, int]]:
@@ -252,7 +274,7 @@ class Trainer:
         with self.train_model.no_sync() if no_sync else contextlib.nullcontext():
             batch = batch.to(self.device)
             with self.policy.forward():
-                sums = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
+                sums = self.train_model(batch.src, batch.tgt_in, batch.tgt_out, batch.src_padded)
             self.scaler.scale(sums.loss * scale).backward()
         self.micro_batch = None
         return LossSums(sums.loss.detach(), sums.nll.detach(), sums.n_tokens)
@@ -300,7 +322,9 @@ class Trainer:
     def validate(self) -> ValidationScores:
         """Loss and (when the command gave a scorer) BLEU on the valid split, logged; rank 0."""
         batch_tokens = self.cfg.trainer.batch_tokens
-        scores = validation_loss(self.loss_module, self.data.valid, batch_tokens, self.policy)
+        scores = validation_loss(
+            self.valid_loss_module, self.data.valid, batch_tokens, self.policy.eager()
+        )
         if self.valid_bleu is not None:
             scores = dataclasses.replace(scores, bleu=self.valid_bleu(self.model))
         self.metrics.validation(scores, self.progress.step)

@@ -40,19 +40,29 @@ class ValidationScores:
 def validation_loss(
     loss_of: TrainingLoss, data: ParallelTokens, batch_tokens: int, policy: ExecutionPolicy
 ) -> ValidationScores:
-    """The loss of the model in `loss_of` (the training step's own, in eval mode; compiled where
-    the policy compiles) on the whole of `data`, in batches of batch_tokens, run as the training
-    step runs (`policy`)."""
+    """The loss of the model in `loss_of` (in eval mode; eager: a compiled step's layers would
+    compile new graphs for a pass without gradients) on the whole of `data`, in batches of
+    batch_tokens grouped as `policy` groups the training step's (one source length a batch, or
+    similar lengths), run as the training step runs (`policy`)."""
     loss_of.eval()
     loss_sum = nll_sum = tokens = 0.0
+    equal = policy.equal_source_lengths
     batches = token_batches(
-        data.src.lengths, data.tgt.lengths, batch_tokens, seed=0, epoch=0, shuffle=False
+        data.src.lengths,
+        data.tgt.lengths,
+        batch_tokens,
+        seed=0,
+        epoch=0,
+        shuffle=False,
+        equal_sources=equal,
     )
     for indices in batches:
-        batch = collate(data, indices, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+        batch = collate(
+            data, indices, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, equal_sources=equal
+        )
         batch = batch.to(policy.device)
         with policy.forward():
-            sums = loss_of(batch.src, batch.tgt_in, batch.tgt_out)
+            sums = loss_of(batch.src, batch.tgt_in, batch.tgt_out, batch.src_padded)
         loss_sum += float(sums.loss)
         nll_sum += float(sums.nll)
         tokens += batch.n_tgt_tokens
