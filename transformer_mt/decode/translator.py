@@ -299,6 +299,9 @@ class Translator:
         if decode is None:
             return self.decode
         validate_decode(decode)
+        device = getattr(self.backend, "device", None)
+        if device is not None:  # ours: the attention kernels it may use on its device
+            ExecutionPolicy.for_decoding(decode, device)
         precisions, quantize = backend_offers(self.backend)
         for key, offered in (("strategy", self.backend.strategies), ("precision", precisions)):
             if getattr(decode, key) not in offered:
