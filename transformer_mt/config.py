@@ -281,10 +281,12 @@ class TrainerConfig:
     """No checkpoint for checkpoint_every sooner than this many seconds after the previous
     checkpoint (rank 0's clock): a cadence in updates tuned on a slow device must not make a
     fast one spend its time writing checkpoints (the Multi30k CPU recipe's 50 updates are about
-    a minute on 2 cores and a second on an H200). Checkpoints for checkpoint_every_minutes, a new
-    best score, a stop signal and the end are always written. 0: every checkpoint_every."""
+    a minute on 2 cores and a second on an H200). A new run's first is written (there is no
+    previous one); a resumed run counts from its resume. Checkpoints for
+    checkpoint_every_minutes, a new best score, a stop signal and the end are always written.
+    0: every checkpoint_every."""
     keep_checkpoints: int = 5
-    """How many step checkpoints to keep besides last.pt and best.pt."""
+    """How many step checkpoints to keep besides last.pt and best.pt (0: those two alone)."""
     resume: ResumeMode = ResumeMode.auto
     """auto: continue from run_dir's newest readable checkpoint when there is one (or from
     resume_from), refusing settings that change what is being trained; force: continue with

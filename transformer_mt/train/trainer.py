@@ -381,17 +381,19 @@ class Trainer:
     def fit(self) -> str:
         """Train until a stopping rule fires, then validate and save the end state (unless a stop
         signal leaves no time for it, as all ranks agree); return the rule that fired. The
-        TensorBoard writer is closed however it ends."""
+        TensorBoard writer is closed however it ends. Stop signals are caught until the end
+        state is saved: one that comes during the final validation lets it finish and save."""
         try:
-            reason = self.run_until_stopped()
-            log.info(
-                "stopped: %s after %d updates, %.1f min of training",
-                reason,
-                self.progress.step,
-                self.progress.train_seconds / 60,
-            )
-            if not self.stop_signalled:
-                self.finish()
+            with self.signals:
+                reason = self.run_until_stopped()
+                log.info(
+                    "stopped: %s after %d updates, %.1f min of training",
+                    reason,
+                    self.progress.step,
+                    self.progress.train_seconds / 60,
+                )
+                if not self.stop_signalled:
+                    self.finish()
             return reason
         finally:
             if self.metrics:
@@ -419,8 +421,7 @@ class Trainer:
         )
         stream = self.micro_batches()
         try:
-            with self.signals:
-                return self.run_updates(stream, bar)
+            return self.run_updates(stream, bar)
         finally:
             stream.close()  # ends the DataLoader's worker processes
             bar.close()
