@@ -487,7 +487,8 @@ class TranslateJob:
     input: str | None = None
     """File to translate, one sentence per line, UTF-8 (null: standard input)."""
     output: str | None = None
-    """File to write (null: standard output). With decode.nbest > 1 each line is
+    """File to write (null: standard output), beside it first and renamed into place once every
+    line is translated (a failure leaves the previous file). With decode.nbest > 1 each line is
     'input line number (from 0) ||| translation ||| F0= score ||| score', best first (the n-best
     format Moses' and Marian's rerankers read)."""
     attention: str | None = None
