@@ -35,7 +35,7 @@ from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.checkpointer import Checkpointer, TrainingParts
-from transformer_mt.train.compiling import use_compile_cache
+from transformer_mt.train.compile_cache import named_compile_failure, use_compile_cache
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
 from transformer_mt.train.flops import update_flops
 from transformer_mt.train.loader_workers import start_worker, worker_batches, worker_context
@@ -87,8 +87,9 @@ class Trainer:
             self.model, policy, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
         )
         self.train_model = self.distributed(self.loss_module)
+        self.compile_cache = None  # where torch.compile keeps its kernels (rank 0's, if it does)
         if policy.compile and self.ranks.is_main:
-            use_compile_cache(run.compile_cache)
+            self.compile_cache = use_compile_cache(policy, run.old_compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.dtype == torch.float16)
         self.plan = plan_batches(
@@ -395,6 +396,11 @@ class Trainer:
                 if not self.stop_signalled:
                     self.finish()
             return reason
+        except Exception as error:
+            failure = named_compile_failure(error, self.compile_cache)  # None: not torch.compile's
+            if failure is None:
+                raise
+            raise failure from error
         finally:
             if self.metrics:
                 self.metrics.close()
