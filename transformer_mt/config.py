@@ -338,6 +338,7 @@ class DecodePrecision(str, Enum):
 class Quantize(str, Enum):
     none = "none"
     int8 = "int8"
+    int8_batch = "int8_batch"
 
 
 class BatchShape(str, Enum):
@@ -399,7 +400,8 @@ class DecodeConfig:
     step has the same shapes; which sentences are done is decided on the device and read every
     decode.check_every steps. auto: fixed on CUDA, shrinking elsewhere
     (execution.ExecutionPolicy.for_decoding; on the CPU the shrinking batch computes fewer rows
-    and waits for nothing). Both find the same hypotheses, up to float rounding. Greedy search
+    and waits for nothing). Both find the same hypotheses, up to float rounding (not with
+    decode.quantize=int8_batch, whose outputs depend on the batch). Greedy search
     and sampling leave the batch row by row on every device."""
     check_every: int = 4
     """batch_shape=fixed: steps between two reads of whether every sentence is done. Each read
@@ -419,9 +421,13 @@ class DecodeConfig:
     export computes in its own type (auto only)."""
     quantize: Quantize = Quantize.none
     """int8: our model's linear layers and its output projection (the shared embedding) with
-    int8 weights, dynamically quantized when the model is loaded (the checkpoint is unchanged);
-    on the CPU only, in fp32 (not with decode.precision=bf16), each member of an ensemble alike.
-    none: the weights as trained."""
+    int8 weights, quantized when the model is loaded (the checkpoint is unchanged), their inputs
+    quantized row by row, each hypothesis's token from its own range: a sentence's translation
+    never depends on the sentences batched with it. int8_batch: the same weights, the inputs
+    quantized with one scale for the whole batch (PyTorch's dynamic quantization, fbgemm's
+    kernel): a sentence's translation depends on the sentences batched with it (in a file, in
+    the server). Either on the CPU only, in fp32 (not with decode.precision=bf16), each member
+    of an ensemble alike (decode/cpu_linear.py). none: the weights as trained."""
     cpu_linear: CpuLinear = CpuLinear.onednn
     """How our model's linear layers multiply when it searches in float32 on the CPU: onednn
     (with weights reordered once for oneDNN's prepacked product, in a copy made at the first such

@@ -141,7 +141,7 @@ class ExecutionPolicy:
         dtype = autocast_dtype(device, Precision(decode.precision.value))
         products = CpuProducts.torch
         if device.type == "cpu" and dtype is None:
-            if decode.quantize == Quantize.int8:
+            if decode.quantize != Quantize.none:
                 products = CpuProducts.int8
             elif decode.cpu_linear == CpuLinear.onednn and onednn.available():
                 products = CpuProducts.onednn
