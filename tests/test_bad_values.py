@@ -95,24 +95,29 @@ def test_a_server_whose_own_settings_refuse_every_request_does_not_start(monkeyp
     assert loaded == []
 
 
-def test_the_cli_says_it_in_one_line_with_exit_2_and_writes_nothing(tmp_path):
+@pytest.mark.parametrize(
+    ("command", "settings", "key"),
+    [
+        ("tmt-train", ["data=toy", "model=tiny", "trainer.device=cpu",
+                       "trainer.sdpa_backends=[efficient]"], "trainer.sdpa_backends"),
+        ("tmt-translate", ["decode.beam_size=100000"], "decode.beam_size"),
+        ("tmt-translate", ["decode=sample", "decode.temperature=1e-300"], "decode.temperature"),
+        ("tmt-serve", ["port=70000"], "port"),
+    ],
+)  # fmt: skip
+def test_the_cli_says_it_in_one_line_with_exit_2_and_writes_nothing(
+    tmp_path, command, settings, key
+):
     run_dir = tmp_path / "run"
+    extra = [f"data.prepared_dir={tmp_path / 'prepared'}"] if command == "tmt-train" else []
     result = subprocess.run(
-        [
-            str(BIN / "tmt-train"),
-            "data=toy",
-            "model=tiny",
-            f"run_dir={run_dir}",
-            f"data.prepared_dir={tmp_path / 'prepared'}",
-            "trainer.device=cpu",
-            "trainer.sdpa_backends=[efficient]",
-        ],
+        [str(BIN / command), f"run_dir={run_dir}", *extra, *settings],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2, result.stderr
     errors = [line for line in result.stderr.splitlines() if "[ERROR]" in line]
-    assert len(errors) == 1 and "config key 'trainer.sdpa_backends'" in errors[0]
+    assert len(errors) == 1 and f"config key '{key}'" in errors[0], result.stderr
     assert "Traceback" not in result.stderr
-    assert not run_dir.exists() and not (tmp_path / "prepared").exists()
+    assert list(tmp_path.iterdir()) == []
