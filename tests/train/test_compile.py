@@ -211,7 +211,8 @@ def test_a_cache_planted_in_the_run_folder_runs_nothing(
     trainer.compile=true. Before, torch unpickled it while compiling the first update. Now the
     folder is named and never read; the resumed run takes its kernels from the user's cache."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # the user's choice: none
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that the test's end restores it
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")  # the user's choice: none
     user_cache = tmp_path / "xdg" / "transformer_mt" / "compile"
     quick = ["trainer.compile=true", "trainer.valid_every=0", "trainer.valid_bleu_sentences=0"]
     run = Path(train(tiny_train_job(*quick, "trainer.max_steps=1")).parents[1])

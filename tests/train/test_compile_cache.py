@@ -35,7 +35,8 @@ def user_cache(tmp_path, monkeypatch) -> Path:
     """The user's cache folder, a new one; no cache chosen in the environment; private folders
     for one process made in the test's own folder."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    monkeypatch.delenv(CACHE_SETTING, raising=False)
+    monkeypatch.setenv(CACHE_SETTING, "")  # so that the test's end restores it, set or not
+    monkeypatch.delenv(CACHE_SETTING)
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     return cache_root()
