@@ -99,7 +99,7 @@ bench-decode: $(STAMP) ## beam search speed and BLEU: ours, a no-cache reference
 	$(BIN)/python -m benchmarks.bench_decode_kernels
 	$(BIN)/python -m benchmarks.bench_translate_file $(if $(filter command line,$(origin RUN)),--run $(RUN))
 
-fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times; check it resumes to the same parameters
+fault-drill: $(STAMP) ## SIGKILL a toy training run 8 times and twice after its last update; check it resumes to the same parameters
 	$(BIN)/python -m benchmarks.fault_drill $(ARGS)
 
 gpu-check: $(STAMP) ## the CUDA path on this GPU: two commands of 5 min (ARGS="--parts speed", "--parts recipe")

@@ -10,10 +10,14 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
       the exact stopping rule (the default) and with CTranslate2's (decode.stop_early=true:
       a sentence ends once 4 hypotheses have finished), which is the same work as (c); with
       torch's F.linear in place of the default oneDNN prepacked weights (decode.cpu_linear=torch,
-      CTranslate2's stopping rule); and with int8 weights (decode.quantize=int8, CTranslate2's
-      stopping rule), beside (c) int8, and so again in a process whose malloc hands freed memory
-      back to the kernel (glibc's default; load_translator's keep_freed_memory=False) where the
-      others keep it, as the commands do;
+      CTranslate2's stopping rule); and with int8 weights (CTranslate2's stopping rule), beside
+      (c) int8: decode.quantize=int8 (each row of a layer's input quantized from its own range,
+      torch._int_mm: a sentence's translation does not depend on its batch) and
+      decode.quantize=int8_batch (one scale for the whole batch, PyTorch's dynamic quantization,
+      fbgemm: it does), the first again in a process whose malloc hands freed memory back to the
+      kernel (glibc's default; load_translator's keep_freed_memory=False) where the others keep
+      it, as the commands do. Each int8 also translates the first --reference-sentences
+      sentences one by one: how many come out otherwise than in their batches;
   (b) reference: the tutorial approach, kept in this file as the yardstick: one sentence at a
       time, and at every step one decoder call per beam over its whole prefix, without a cache
       (the same search rule as ours, so the outputs should be the same); it is slow, so it is
@@ -38,10 +42,10 @@ Without a trained model (what `make gpu-check` runs, benchmarks/gpu_check.py):
 times the same beam search on generated sentences of WMT14 length (benchmarks/bench_train.py's
 generator) with a random-weight model of the --model preset: ours in float32 (TF32 matmuls on a
 GPU), under bf16 autocast on a GPU (decode.precision=bf16) and with int8 weights on the CPU
-(decode.quantize=int8), against CTranslate2 float32 and float16 (int8 on the CPU), all in one
-process, each after a warm-up, through the same Translator batches. Random weights rarely choose
-EOS, so nearly every hypothesis runs to its length limit (source + 50): the search's worst case,
-and the same number of steps for both; no BLEU.
+(decode.quantize=int8 and int8_batch), against CTranslate2 float32 and float16 (int8 on the CPU),
+all in one process, each after a warm-up, through the same Translator batches. Random weights
+rarely choose EOS, so nearly every hypothesis runs to its length limit (source + 50): the
+search's worst case, and the same number of steps for both; no BLEU.
 """
 
 from __future__ import annotations
@@ -87,12 +91,14 @@ OURS_EARLY = "(a) ours, CTranslate2's stopping"
 OURS_INT8 = "(a) ours int8, CTranslate2's stopping"
 OURS_TORCH = "(a) ours F.linear, CTranslate2's stopping"
 OURS_INT8_GLIBC = "(a) ours int8, glibc's default malloc"
+OURS_INT8_BATCH = "(a) ours int8_batch, CTranslate2's stopping"
 EARLY = dataclasses.replace(PAPER, stop_early=True)
 OURS_DECODE = {
     OURS: PAPER,
     OURS_EARLY: EARLY,
     OURS_TORCH: dataclasses.replace(EARLY, cpu_linear=CpuLinear.torch),
     OURS_INT8: dataclasses.replace(EARLY, quantize=Quantize.int8),
+    OURS_INT8_BATCH: dataclasses.replace(EARLY, quantize=Quantize.int8_batch),
     OURS_INT8_GLIBC: dataclasses.replace(EARLY, quantize=Quantize.int8),
 }
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
@@ -238,6 +244,7 @@ def benchmark(args, folder: Path) -> None:
     report_reference(args, ours, sources, references)
     report_ratios(results)
     report_parity(ours_greedy, ct2(GREEDY, "float32"), sources, references, results)
+    report_batch_dependence(args, sources[: args.reference_sentences])
 
 
 def split_pairs(data, sentences: int) -> list[tuple[str, str]]:
@@ -291,6 +298,9 @@ def report_ratios(results: dict) -> None:
         f"\nours int8, same stopping rule: time / ours float32's: {ratio(OURS_INT8, OURS_EARLY)}"
         f"; / CTranslate2 int8's: {ratio(OURS_INT8, int8)} (target <= 1.0: "
         f"{verdict(int8_int8 <= 1.0)})"
+        f"\nours int8 (a scale per row) / int8_batch (a scale per batch): "
+        f"{ratio(OURS_INT8, OURS_INT8_BATCH)}; int8_batch / CTranslate2 int8's: "
+        f"{ratio(OURS_INT8_BATCH, int8)}"
         f"\nours int8, freed memory kept (as the commands do) / glibc's default malloc: "
         f"{ratio(OURS_INT8, OURS_INT8_GLIBC)}"
         f"\nours with the exact rule (the default; more steps) / CTranslate2 float32's: "
@@ -316,6 +326,7 @@ def report_parity(ours: Translator, theirs: Translator, sources, references, bea
     )
     compared = [*itertools.product((OURS_EARLY, OURS), CT2_TYPES)]
     compared += [(OURS_INT8, "(c) CTranslate2 int8"), (OURS_INT8, OURS_EARLY)]
+    compared += [(OURS_INT8_BATCH, OURS_EARLY), (OURS_INT8_BATCH, OURS_INT8)]
     compared += [(OURS_INT8_GLIBC, OURS_INT8)]
     for ours_name, name in compared:
         pairs = list(zip(beam[ours_name][1], beam[name][1], strict=True))
@@ -330,6 +341,18 @@ def report_parity(ours: Translator, theirs: Translator, sources, references, bea
         "  (CTranslate2 stops a sentence once 4 hypotheses have finished, fairseq's rule; ours\n"
         "  by default goes on while a live hypothesis could still beat one of them)"
     )
+
+
+def report_batch_dependence(args, sources: list[str]) -> None:
+    """Each int8 translating `sources` in its batches and one by one: how many lines differ (a
+    translation that depends on the sentences batched with it differs on many)."""
+    print(f"\nint8, the first {len(sources)} sentences in their batches and one by one:")
+    for name in (OURS_INT8, OURS_INT8_BATCH):
+        system = load_translator(args.run, args.checkpoint, decode=OURS_DECODE[name], device="cpu")
+        batched = system.translate(sources)
+        alone = [system.translate([source])[0] for source in sources]
+        differ = sum(a != b for a, b in zip(batched, alone, strict=True))
+        print(f"  {name[4:]}: {differ} of {len(sources)} lines differ")
 
 
 def verdict(met: bool) -> str:
@@ -358,9 +381,12 @@ def benchmark_generated(args, folder: Path) -> None:
         bf16 = dataclasses.replace(PAPER, precision=DecodePrecision.bf16)
         systems["(a) ours, bf16 autocast"] = lambda ids: ours.translate_ids(ids, bf16)
     else:
-        int8 = dataclasses.replace(fp32, quantize=Quantize.int8)
-        ours_int8 = Translator(ModelSearch(model, device, quantize=Quantize.int8), tokenizers, int8)
-        systems["(a) ours, int8"] = ours_int8.translate_ids
+        for quantize in (Quantize.int8, Quantize.int8_batch):
+            int8 = dataclasses.replace(fp32, quantize=quantize)
+            search = ModelSearch(model, device, quantize=quantize)
+            systems[f"(a) ours, {quantize.value}"] = Translator(
+                search, tokenizers, int8
+            ).translate_ids
     print(
         f"# generated: {len(sources)} sentences of WMT14 length (mean "
         f"{sum(map(len, sources)) / len(sources):.1f} pieces), {args.vocab:,}-piece vocabulary; "

@@ -2,14 +2,16 @@
 of a whole beam search goes (benchmarks/decode.txt quotes both).
 
     .venv/bin/python -m benchmarks.bench_decode_kernels
-    .venv/bin/python -m benchmarks.bench_decode_kernels --profile RUN [--int8]
+    .venv/bin/python -m benchmarks.bench_decode_kernels --profile RUN [--int8 int8|int8_batch]
 
 At decoding's shapes (Multi30k's small model: D 256, 4 heads, 1,024-wide feed-forward, 8,000
 pieces; a batch of 4,000 source tokens is about 1,200 beam rows), in one process with --threads
 threads, each timed as the median of --reps calls after two warm-up calls:
 
   - the linear products: torch's F.linear against oneDNN's with a weight prepacked once
-    (decode/cpu_linear.py), in GFLOP/s;
+    (decode/cpu_linear.py), and the two int8 products (decode.quantize=int8: each row of the
+    input quantized from its own range, torch._int_mm; int8_batch: one scale for the call,
+    fbgemm), in GFLOP/s;
   - attention of one query row against 8-40 keys (a decoding step's self- and cross-attention):
     F.scaled_dot_product_attention against model.attend_few_queries, in ms;
   - beam search's shared rows: a step's cross-attention of a sentence's 4 beams against keys
@@ -39,7 +41,7 @@ from torch import nn
 from benchmarks.measure import kernel_milliseconds, report_header
 from transformer_mt import onednn
 from transformer_mt.config import DecodeConfig, Quantize
-from transformer_mt.decode.cpu_linear import OneDnnLinear
+from transformer_mt.decode.cpu_linear import Int8RowLinear, OneDnnLinear, with_int8_batch_linears
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.device import keep_freed_host_memory
 from transformer_mt.model import appended, attend_few_queries, rows_by_source, rows_by_target
@@ -61,16 +63,29 @@ def report_products(reps: int) -> None:
     if not onednn.available():
         print("linear products: this torch or CPU has no oneDNN product (decoding uses F.linear)")
         return
-    print("linear products, GFLOP/s (F.linear / oneDNN prepacked):")
-    print(f"  {'rows x (out x in)':22s} {'F.linear':>9s} {'prepacked':>10s}")
+    print(
+        "linear products, GFLOP/s (F.linear / oneDNN prepacked / int8, a scale per row / "
+        "int8_batch, a scale per call):"
+    )
+    print(
+        f"  {'rows x (out x in)':22s} {'F.linear':>9s} {'prepacked':>10s} {'int8':>9s} "
+        f"{'int8_batch':>11s}"
+    )
     for rows, out, width in PRODUCTS:
         layer = nn.Linear(width, out, bias=False)
         prepacked, x = OneDnnLinear(layer), torch.randn(rows, width)
+        by_rows, by_batch = Int8RowLinear(layer), nn.Sequential(nn.Linear(width, out, bias=False))
+        with_int8_batch_linears(by_batch)
         flop = 2 * rows * out * width
         with torch.no_grad():
             plain = flop / kernel_milliseconds(reps, F.linear, x, layer.weight) / 1e6
             packed = flop / kernel_milliseconds(reps, prepacked, x) / 1e6
-        print(f"  {f'{rows} x ({out} x {width})':22s} {plain:9.1f} {packed:10.1f}")
+            rowwise = flop / kernel_milliseconds(reps, by_rows, x) / 1e6
+            batchwise = flop / kernel_milliseconds(reps, by_batch, x) / 1e6
+        print(
+            f"  {f'{rows} x ({out} x {width})':22s} {plain:9.1f} {packed:10.1f} {rowwise:9.1f} "
+            f"{batchwise:11.1f}"
+        )
 
 
 def step_attention_inputs(sources: int, keys: int) -> tuple[torch.Tensor, ...]:
@@ -145,13 +160,13 @@ def report_distribution(reps: int) -> None:
     )
 
 
-def report_profile(run: str, int8: bool, top: int) -> None:
+def report_profile(run: str, int8: str | None, top: int) -> None:
     data = RunDir(run).data_config()
     path = Path(data.dir) / f"{data.test_split}.{data.src_lang}"
     sources = path.read_text(encoding="utf-8").splitlines()
     decode = DecodeConfig(stop_early=True)
     if int8:
-        decode = dataclasses.replace(decode, quantize=Quantize.int8)
+        decode = dataclasses.replace(decode, quantize=Quantize(int8))
     translator = load_translator(run, decode=decode, device="cpu")
     translator.translate(sources[:32])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
@@ -160,7 +175,7 @@ def report_profile(run: str, int8: bool, top: int) -> None:
         wall = time.perf_counter() - started
     events = sorted(profile.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
     total = sum(e.self_cpu_time_total for e in events)
-    kind = "int8" if int8 else "float32"
+    kind = int8 or "float32"
     print(
         f"\nwhere a beam search goes: {run}, {len(sources)} sentences of {path.name}, {kind}, "
         f"{wall:.2f} s under the profiler; share of self CPU time:"
@@ -177,7 +192,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=30, help="timed calls of each kernel")
     parser.add_argument("--profile", metavar="RUN", help="profile a beam search of this run")
-    parser.add_argument("--int8", action="store_true", help="--profile: decode.quantize=int8")
+    parser.add_argument(
+        "--int8",
+        choices=[q.value for q in Quantize if q != Quantize.none],
+        help="--profile: with this decode.quantize",
+    )
     parser.add_argument("--top", type=int, default=12, help="--profile: operators listed")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -1,6 +1,6 @@
 """Fault drill: kill a training run with SIGKILL again and again, and prove it resumes exactly.
 
-    python -m benchmarks.fault_drill                          # 8 kills, seed 0, temporary folder
+    python -m benchmarks.fault_drill               # 8 kills and 2 more, seed 0, a temporary folder
     python -m benchmarks.fault_drill --kills 12 --seed 3 --workdir /tmp/drill
     python -m benchmarks.fault_drill | tee benchmarks/fault_drill.txt
     python -m benchmarks.fault_drill --compile               # the same with trainer.compile=true
@@ -20,7 +20,14 @@ process group) on the embedded toy corpus with the tiny model:
    counted. The run is then restarted with the same command, and its log must say
    "resumed from ... at update N" with N the step of last.pt (or of the newest readable
    checkpoint) seen before the restart;
-4. after the last kill the drill run trains to the end, and its final last.pt must equal the
+4. then two interruptions after the last update (--steps is no multiple of --checkpoint-every or
+   --valid-every, so the final validation and checkpoint come after the loop): a SIGKILL during
+   the final validation (the run must resume from the last checkpoint: no update lost beyond
+   it), and a SIGTERM during it, which must still write the final step_N.pt, followed by a
+   SIGKILL the instant step_N.pt appears, before (or while) last.pt is linked to it: the
+   restart must resume step_N.pt and point last.pt at it, though it has no update left to do.
+   A run that ends (exit 0) must leave last.pt at its newest checkpoint;
+5. after the last kill the drill run trains to the end, and its final last.pt must equal the
    reference's bitwise: every model parameter, every optimizer state tensor, the schedule, the
    step and data position, the RNG state (wall-clock fields excepted), and best.pt where the
    trainer keeps one. The training losses both runs logged to TensorBoard are compared too.
@@ -65,6 +72,9 @@ RESUMED = re.compile(r"resumed from (\S+) at update (\d+)")
 # Checkpoint fields that measure wall-clock time, which no two runs share.
 WALL_CLOCK = re.compile(r"second|time|minute")
 KILL_MOMENTS = ("mid-training", "checkpoint write", "mid-training", "start-up")
+# After the last update, in this order, before the run goes to the end.
+FINAL_MOMENTS = ("final validation", "SIGTERM, last.pt")
+STOPPED = "stopped: reached trainer.max_steps"
 
 
 def parse_args() -> argparse.Namespace:
@@ -73,7 +83,12 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--kills", type=int, default=8, help="SIGKILLs before the final stretch")
     parser.add_argument("--seed", type=int, default=0, help="seed of the kill moments")
-    parser.add_argument("--steps", type=int, default=600, help="updates of each run")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=610,
+        help="updates of each run (no multiple of --checkpoint-every or --valid-every)",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=20, help="updates")
     parser.add_argument("--valid-every", type=int, default=100, help="updates")
     parser.add_argument("--workdir", type=Path, help="where runs go (default: a temporary folder)")
@@ -87,6 +102,8 @@ def parse_args() -> argparse.Namespace:
     args = parser.parse_args()
     if args.kills < 1 or args.steps < 2 * args.checkpoint_every:
         parser.error("need --kills >= 1 and --steps >= 2 x --checkpoint-every")
+    if not (args.steps % args.checkpoint_every and args.steps % args.valid_every):
+        parser.error("--steps must be no multiple of --checkpoint-every or --valid-every")
     return args
 
 
@@ -268,6 +285,8 @@ def drill_attempt(
     if moment == "checkpoint write":
         wrote = wait_for_write(process, folder, ceiling)
         killed = wrote and process.poll() is None
+    elif moment in FINAL_MOMENTS:
+        killed = stop_after_the_last_update(attempt, process, log_path, folder, args, ceiling)
     elif delay is not None:
         while process.poll() is None and time.monotonic() - began < delay:
             time.sleep(0.005)
@@ -285,13 +304,41 @@ def drill_attempt(
             attempt.problems.append("did not finish in time (hung?)")
         attempt.seconds = time.monotonic() - began
         attempt.returncode = process.returncode
-        if moment != "to the end":
+        # After its SIGTERM a run may end on its own, cleanly, before the SIGKILL reaches it.
+        ended_by_sigterm = moment == FINAL_MOMENTS[-1] and process.returncode == 0
+        if moment != "to the end" and not ended_by_sigterm:
             attempt.problems.append("finished before it could be killed")
         if process.returncode != 0:
             attempt.problems.append(f"exited with status {process.returncode}:\n{tail(log_path)}")
     attempt.after = take_census(folder)
     check_attempt(attempt, log_path.read_text(errors="replace"))
     return attempt
+
+
+def stop_after_the_last_update(
+    attempt: Attempt, process, log_path: Path, folder: CheckpointFolder, args, deadline: float
+) -> bool:
+    """Wait for the run's "stopped: reached trainer.max_steps" (its final validation starts);
+    then leave the SIGKILL to the caller ("final validation"), or send SIGTERM and wait for the
+    final step_N.pt, whose appearance is the moment for the SIGKILL ("SIGTERM, last.pt": between
+    the step file and the link of last.pt). Whether the caller is to kill now."""
+    while STOPPED not in log_path.read_text(errors="replace"):
+        if process.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    if attempt.moment == "final validation":
+        return True
+    signal_group(process, signal.SIGTERM)
+    final = folder.step_file(args.steps)
+    while not final.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            attempt.problems.append(
+                f"SIGTERM during the final validation: the run ended (exit {process.poll()}) "
+                f"without writing {final.name}"
+            )
+            return False
+        time.sleep(0.0002)
+    return process.poll() is None
 
 
 def check_attempt(attempt: Attempt, log_text: str) -> None:
@@ -311,6 +358,11 @@ def check_attempt(attempt: Attempt, log_text: str) -> None:
         attempt.problems.append(f"finished without resuming from last.pt ({before.last_step})")
     if before.last_step is not None and (after.last_step or -1) < before.last_step:
         attempt.problems.append(f"last.pt went back from {before.last_step} to {after.last_step}")
+    if attempt.returncode == 0 and after.last_step != after.newest_step:
+        attempt.problems.append(
+            f"the run ended with last.pt at update {after.last_step}, not at its newest "
+            f"checkpoint ({after.newest_step})"
+        )
 
 
 def run_drill(args, paths: dict, timing: Timing) -> list[Attempt]:
@@ -318,7 +370,7 @@ def run_drill(args, paths: dict, timing: Timing) -> list[Attempt]:
     moments = [KILL_MOMENTS[i % len(KILL_MOMENTS)] for i in range(args.kills)]
     rng.shuffle(moments)
     attempts: list[Attempt] = []
-    for number, moment in enumerate([*moments, "to the end"], start=1):
+    for number, moment in enumerate([*moments, *FINAL_MOMENTS, "to the end"], start=1):
         done = take_census(RunDir(paths["drill"]).checkpoints).last_step or 0
         timed_left = sum(m == "mid-training" for m in moments[number - 1 :])
         delay = (
@@ -329,6 +381,9 @@ def run_drill(args, paths: dict, timing: Timing) -> list[Attempt]:
         attempt = drill_attempt(number, moment, delay, args, paths, timing)
         attempts.append(attempt)
         print_row(attempt)
+        if moment == FINAL_MOMENTS[-1] and attempt.after.newest_step == args.steps:
+            where = "before" if attempt.after.last_step != args.steps else "after"
+            print(f"      the SIGKILL came {where} last.pt was linked to step_{args.steps}.pt")
         if attempt.returncode is not None and moment != "to the end":
             break  # it finished (or failed): there is nothing left to kill
     return attempts
@@ -475,8 +530,10 @@ def report(attempts: list[Attempt], comparison: Comparison, notes: list[str], ki
         return False
     print(
         f"\nVERDICT: PASS: {done} SIGKILLs, every checkpoint readable after each, every restart "
-        f"resumed from the last checkpoint, final state bitwise equal to the uninterrupted run "
-        f"({counts.get('model', 0)} parameter tensors, max abs diff {comparison.max_abs_diff:g})"
+        f"resumed from the last checkpoint, a SIGTERM during the final validation wrote the final "
+        f"checkpoint, last.pt at the newest checkpoint wherever a run ended, final state bitwise "
+        f"equal to the uninterrupted run ({counts.get('model', 0)} parameter tensors, max abs "
+        f"diff {comparison.max_abs_diff:g})"
     )
     return True
 
@@ -496,7 +553,8 @@ def main() -> None:
     paths["logs"].mkdir(parents=True, exist_ok=True)
     print(*report_header("make fault-drill: SIGKILLs of a toy training run"), sep="\n")
     print(
-        f"fault drill: {args.kills} kills, seed {args.seed}, {args.steps} updates, checkpoint "
+        f"fault drill: {args.kills} kills and {len(FINAL_MOMENTS)} after the last update, seed "
+        f"{args.seed}, {args.steps} updates, checkpoint "
         f"every {args.checkpoint_every}; work folder {workdir}"
     )
     began = time.monotonic()
@@ -521,7 +579,7 @@ def main() -> None:
         comparison, notes = final_comparison(paths)
     except CheckpointError as error:
         comparison, notes = Comparison(differences=[f"no final checkpoint to compare: {error}"]), []
-    passed = report(attempts, comparison, notes, args.kills)
+    passed = report(attempts, comparison, notes, args.kills + len(FINAL_MOMENTS))
     print(f"drill took {time.monotonic() - began:.0f} s in all")
     if args.workdir is None and not args.keep:
         shutil.rmtree(workdir, ignore_errors=True)

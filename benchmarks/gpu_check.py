@@ -75,7 +75,7 @@ import torch
 
 from benchmarks.measure import report_header, run_command
 from transformer_mt.torch_builds import nvidia_smi
-from transformer_mt.train.compiling import CACHE_SETTING
+from transformer_mt.train.compile_cache import CACHE_SETTING
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_GPU = 3  # --probe's exit status without a GPU; gpu_check.sh turns it into 0

@@ -38,12 +38,26 @@ def folder_bytes(folder: Path) -> dict[str, bytes]:
 
 def test_the_lock_names_its_holder_and_is_free_again_after_release(tmp_path):
     run = RunDir(tmp_path / "run")
+    run.path.mkdir()  # a folder of the user's (one the lock created goes with it: below)
     held_by_us = rf"in use by PID {os.getpid()} on .* \(since "
     with run.lock(), pytest.raises(RunFolderInUse, match=held_by_us), run.lock():
         pass
     with run.lock():  # released
         pass
     assert (run.path / "run.lock").read_text() == ""
+
+
+def test_a_command_refused_in_a_new_folder_leaves_no_folder_behind(tiny_train_job, tmp_path):
+    """The lock is taken before the checks (two starts must not both pass them); a refusal then
+    leaves nothing, not a folder holding run.lock. A folder that gained files keeps its lock."""
+    job = tiny_train_job(f"trainer.resume_from={tmp_path / 'missing.pt'}")
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        train(job)
+    assert not Path(job.run_dir).exists()
+    run = RunDir(tmp_path / "kept")
+    with run.lock():
+        (run.path / "config.yaml").write_text("data: {}\n")
+    assert sorted(path.name for path in run.path.iterdir()) == ["config.yaml", "run.lock"]
 
 
 def wait_for(condition, what: str, limit_seconds: float = 300.0) -> None:

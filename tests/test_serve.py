@@ -113,12 +113,23 @@ def test_attention_rows_sum_to_one_over_the_source_pieces(client):
         ({"text": "a", "strategy": "nucleus"}, 422, "the request is not valid"),
         ({"text": "a", "nbest": 0}, 422, "the request is not valid"),
         ({"text": "a", "attention": True, "attention_layer": 5}, 422, "the decoder has 2 layers"),
+        # numbers a search cannot use: refused by their key, not a 500 (issue 59)
+        ({"text": "a", "length_penalty": float("inf")}, 422, "'decode.length_penalty'"),
+        ({"text": "a", "length_penalty": 1e308}, 422, "'decode.length_penalty'"),
+        ({"text": "a", "strategy": "sample", "temperature": 1e-300}, 422, "'decode.temperature'"),
+        ({"text": "a", "strategy": "sample", "temperature": float("inf")}, 422, "temperature"),
+        ({"text": "a", "strategy": "sample", "top_p": 1e-300}, 200, ""),  # the likeliest piece
     ],
 )
 def test_every_limit_and_bad_setting_is_a_4xx_with_a_message(client, body, status, message):
-    answer = client.post("/translate", json=body)
+    # json.dumps, not the client's encoder, which refuses to send Infinity
+    headers = {"content-type": "application/json"}
+    answer = client.post("/translate", content=json.dumps(body).encode(), headers=headers)
     assert answer.status_code == status
     said = answer.json()
+    if status == 200:
+        assert len(said["translations"]) == 1
+        return
     assert message in " ".join([said["detail"], *(e["problem"] for e in said.get("errors", []))])
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
+import math
 import os
 from dataclasses import dataclass, field
 from enum import Enum
@@ -98,6 +99,14 @@ class ResumeMode(str, Enum):
 
 AUTO = "auto"
 SEED_RANGE = (-(2**63), 2**64 - 1)
+MAX_LENGTH_PENALTY = 10.0
+"""decode.length_penalty's bound either side of 0: ((5 + length) / 6) ** alpha stays finite for
+any output length a search can reach (GNMT's alpha is 0.6 to 1)."""
+MAX_BEAM_SIZE = 1024
+"""decode.beam_size's bound: a sentence's search holds beam_size rows, each with its own cache,
+and 100,000 of them filled 24 GB before the kernel ended the process."""
+TEMPERATURE_RANGE = (1e-6, 1e6)
+"""decode.temperature's bounds: the log-probabilities divided by it stay finite in float32."""
 """The seeds torch's random generators take (Generator.manual_seed raises outside them)."""
 """The value of decode.length_penalty (tmt-eval) and last (tmt-average) that asks for the
 setting to be chosen on the run's valid split (commands/valid_choice.py)."""
@@ -290,10 +299,12 @@ class TrainerConfig:
     """No checkpoint for checkpoint_every sooner than this many seconds after the previous
     checkpoint (rank 0's clock): a cadence in updates tuned on a slow device must not make a
     fast one spend its time writing checkpoints (the Multi30k CPU recipe's 50 updates are about
-    a minute on 2 cores and a second on an H200). Checkpoints for checkpoint_every_minutes, a new
-    best score, a stop signal and the end are always written. 0: every checkpoint_every."""
+    a minute on 2 cores and a second on an H200). A new run's first is written (there is no
+    previous one); a resumed run counts from its resume. Checkpoints for
+    checkpoint_every_minutes, a new best score, a stop signal and the end are always written.
+    0: every checkpoint_every."""
     keep_checkpoints: int = 5
-    """How many step checkpoints to keep besides last.pt and best.pt."""
+    """How many step checkpoints to keep besides last.pt and best.pt (0: those two alone)."""
     resume: ResumeMode = ResumeMode.auto
     """auto: continue from run_dir's newest readable checkpoint when there is one (or from
     resume_from), refusing settings that change what is being trained; force: continue with
@@ -352,6 +363,7 @@ class DecodePrecision(str, Enum):
 class Quantize(str, Enum):
     none = "none"
     int8 = "int8"
+    int8_batch = "int8_batch"
 
 
 class BatchShape(str, Enum):
@@ -413,7 +425,8 @@ class DecodeConfig:
     step has the same shapes; which sentences are done is decided on the device and read every
     decode.check_every steps. auto: fixed on CUDA, shrinking elsewhere
     (execution.ExecutionPolicy.for_decoding; on the CPU the shrinking batch computes fewer rows
-    and waits for nothing). Both find the same hypotheses, up to float rounding. Greedy search
+    and waits for nothing). Both find the same hypotheses, up to float rounding (not with
+    decode.quantize=int8_batch, whose outputs depend on the batch). Greedy search
     and sampling leave the batch row by row on every device."""
     source_lengths: SourceLengths = SourceLengths.auto
     """As trainer.source_lengths, for the search's batches: equal, sources of one length wherever
@@ -441,9 +454,13 @@ class DecodeConfig:
     export computes in its own type (auto only)."""
     quantize: Quantize = Quantize.none
     """int8: our model's linear layers and its output projection (the shared embedding) with
-    int8 weights, dynamically quantized when the model is loaded (the checkpoint is unchanged);
-    on the CPU only, in fp32 (not with decode.precision=bf16), each member of an ensemble alike.
-    none: the weights as trained."""
+    int8 weights, quantized when the model is loaded (the checkpoint is unchanged), their inputs
+    quantized row by row, each hypothesis's token from its own range: a sentence's translation
+    never depends on the sentences batched with it. int8_batch: the same weights, the inputs
+    quantized with one scale for the whole batch (PyTorch's dynamic quantization, fbgemm's
+    kernel): a sentence's translation depends on the sentences batched with it (in a file, in
+    the server). Either on the CPU only, in fp32 (not with decode.precision=bf16), each member
+    of an ensemble alike (decode/cpu_linear.py). none: the weights as trained."""
     cpu_linear: CpuLinear = CpuLinear.onednn
     """How our model's linear layers multiply when it searches in float32 on the CPU: onednn
     (with weights reordered once for oneDNN's prepacked product, in a copy made at the first such
@@ -509,7 +526,8 @@ class TranslateJob:
     input: str | None = None
     """File to translate, one sentence per line, UTF-8 (null: standard input)."""
     output: str | None = None
-    """File to write (null: standard output). With decode.nbest > 1 each line is
+    """File to write (null: standard output), beside it first and renamed into place once every
+    line is translated (a failure leaves the previous file). With decode.nbest > 1 each line is
     'input line number (from 0) ||| translation ||| F0= score ||| score', best first (the n-best
     format Moses' and Marian's rerankers read)."""
     attention: str | None = None
@@ -769,7 +787,19 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
         f"{key}.length_penalty",
         f"must be a number (or auto, for tmt-eval), got {alpha!r}",
     )
+    _require(
+        math.isfinite(alpha) and abs(alpha) <= MAX_LENGTH_PENALTY,
+        f"{key}.length_penalty",
+        f"must be a finite number in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}] (the "
+        f"paper's 0.6; beyond that the penalty overflows), got {alpha}",
+    )
     _require(cfg.beam_size >= 1, f"{key}.beam_size", f"must be >= 1, got {cfg.beam_size}")
+    _require(
+        cfg.beam_size <= MAX_BEAM_SIZE,
+        f"{key}.beam_size",
+        f"must be <= {MAX_BEAM_SIZE} (each sentence searches beam_size rows at once, and their "
+        f"memory grows with the beam), got {cfg.beam_size}",
+    )
     _require(
         cfg.batch_tokens is None or cfg.batch_tokens > 0,
         f"{key}.batch_tokens",
@@ -777,7 +807,11 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
     )
     _require(cfg.check_every >= 1, f"{key}.check_every", f"must be >= 1, got {cfg.check_every}")
     _require(cfg.max_len_b >= 1, f"{key}.max_len_b", f"must be >= 1, got {cfg.max_len_b}")
-    _require(cfg.max_len_a >= 0, f"{key}.max_len_a", f"must be >= 0, got {cfg.max_len_a}")
+    _require(
+        math.isfinite(cfg.max_len_a) and cfg.max_len_a >= 0,
+        f"{key}.max_len_a",
+        f"must be a finite number >= 0, got {cfg.max_len_a}",
+    )
     _require(cfg.min_len >= 0, f"{key}.min_len", f"must be >= 0, got {cfg.min_len}")
     _require(cfg.nbest >= 1, f"{key}.nbest", f"must be >= 1, got {cfg.nbest}")
     if cfg.strategy == Strategy.beam:  # greedy and sample give one, whatever nbest says
@@ -786,7 +820,12 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
             f"{key}.nbest",
             f"must be <= {key}.beam_size={cfg.beam_size}, got {cfg.nbest}",
         )
-    _require(cfg.temperature > 0, f"{key}.temperature", f"must be > 0, got {cfg.temperature}")
+    _require(
+        TEMPERATURE_RANGE[0] <= cfg.temperature <= TEMPERATURE_RANGE[1],
+        f"{key}.temperature",
+        f"must be in [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}] (the log-probabilities "
+        f"are divided by it in float32), got {cfg.temperature}",
+    )
     _require(cfg.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0: off), got {cfg.top_k}")
     _require(0.0 < cfg.top_p <= 1.0, f"{key}.top_p", f"must be in (0, 1] (1: off), got {cfg.top_p}")
     _require(
@@ -803,6 +842,19 @@ def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
     validate_sdpa_backends(cfg.sdpa_backends, f"{key}.sdpa_backends")
 
 
+def validate_serve(job: ServeJob) -> None:
+    """The server's own settings, before the model loads: its default search must be one its
+    limits admit (else every request that names no beam is refused), and a port that exists."""
+    validate_decode(job.decode)
+    _require(0 <= job.port <= 65535, "port", f"must be in [0, 65535], got {job.port}")
+    _require(
+        job.decode.strategy != Strategy.beam or job.decode.beam_size <= job.max_beam_size,
+        "decode.beam_size",
+        f"{job.decode.beam_size} is over max_beam_size={job.max_beam_size}, so every request "
+        "that names no beam_size would be refused: lower it, or raise max_beam_size",
+    )
+
+
 def validate_sdpa_backends(backends: list[SdpaBackend], key: str) -> None:
     alone = {SdpaBackend.auto, SdpaBackend.default}
     _require(
@@ -810,6 +862,24 @@ def validate_sdpa_backends(backends: list[SdpaBackend], key: str) -> None:
         key,
         f"[auto] (our order for the device), [default] (torch's own choice) or a list of "
         f"{', '.join(SDPA_KERNEL_NAMES)}, got [{','.join(backend.value for backend in backends)}]",
+    )
+
+
+CPU_SDPA_KERNELS = (SdpaBackend.flash, SdpaBackend.math)
+"""The SDPA kernels torch has on the CPU (efficient and cudnn are CUDA's)."""
+
+
+def validate_sdpa_device(backends: list[SdpaBackend], key: str, device_type: str) -> None:
+    """ConfigError naming `key` when none of the kernels listed runs on the device (SDPA would
+    fail at the first attention call: "No viable backend"); one that does not is passed over."""
+    if device_type != "cpu" or SdpaBackend.auto in backends or SdpaBackend.default in backends:
+        return
+    _require(
+        any(backend in CPU_SDPA_KERNELS for backend in backends),
+        key,
+        f"[{','.join(backend.value for backend in backends)}]: none of these attention kernels "
+        f"runs on the CPU, which has {' and '.join(b.value for b in CPU_SDPA_KERNELS)}; add one "
+        "of them, or give [auto]",
     )
 
 
@@ -937,6 +1007,11 @@ def validate_trainer(trainer: TrainerConfig) -> None:
         trainer.max_steps > 0 or trainer.max_epochs > 0 or trainer.max_time_minutes > 0,
         "trainer.max_steps",
         "no stopping rule: set max_steps, max_epochs or max_time_minutes",
+    )
+    _require(
+        trainer.num_threads >= 0,
+        "trainer.num_threads",
+        f"must be >= 0 (0: torch's default), got {trainer.num_threads}",
     )
     validate_sdpa_backends(trainer.sdpa_backends, "trainer.sdpa_backends")
     compile_setting(trainer.compile)

@@ -59,6 +59,7 @@ from transformer_mt.config import (
     SourceLengths,
     TrainerConfig,
     compile_setting,
+    validate_sdpa_device,
 )
 
 log = logging.getLogger(__name__)
@@ -139,6 +140,7 @@ class ExecutionPolicy:
     def for_training(cls, trainer: TrainerConfig, device: torch.device) -> ExecutionPolicy:
         """The training step's policy (trainer.precision, sdpa_backends, compile, cpu_linear);
         ConfigError naming the key for a setting that cannot be (the decision logged)."""
+        validate_sdpa_device(trainer.sdpa_backends, "trainer.sdpa_backends", device.type)
         dtype = autocast_dtype(device, trainer.precision)
         compiles = should_compile(trainer.compile, device)
         onednn_products = (
@@ -163,10 +165,11 @@ class ExecutionPolicy:
         the CPU multiplies by int8 weights (decode.quantize=int8) or oneDNN's prepacked ones
         (decode.cpu_linear=onednn, where torch has oneDNN); never compiled. Beam search's batch
         keeps a fixed shape on CUDA (decode.batch_shape=auto), shrinks elsewhere."""
+        validate_sdpa_device(decode.sdpa_backends, "decode.sdpa_backends", device.type)
         dtype = autocast_dtype(device, Precision(decode.precision.value))
         products = CpuProducts.torch
         if device.type == "cpu" and dtype is None:
-            if decode.quantize == Quantize.int8:
+            if decode.quantize != Quantize.none:
                 products = CpuProducts.int8
             elif decode.cpu_linear == CpuLinear.onednn and onednn.available():
                 products = CpuProducts.onednn

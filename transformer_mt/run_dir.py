@@ -54,8 +54,9 @@ class RunDir:
         return self.path / "tensorboard"
 
     @property
-    def compile_cache(self) -> Path:
-        """torch.compile's cache of a run that compiles: its kernels, found again on resume."""
+    def old_compile_cache(self) -> Path:
+        """Where versions before issue 59 kept torch.compile's cache: never read (a compile cache
+        is code; train/compile_cache.py keeps it in the user's own cache folder)."""
         return self.path / "compile-cache"
 
     def checkpoint(self, name: str) -> Path:

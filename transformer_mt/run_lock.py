@@ -3,11 +3,14 @@
 The lock is `flock` on a file in the folder, so the operating system releases it when the process
 ends, however it ends (a SIGKILLed run does not block the next start). While held, the file
 names its holder (host, PID, since when) for the message that refuses a second writer; it is
-emptied again on release.
+emptied again on release. A folder the lock created, that holds nothing else when it is
+released (a command refused before its first write), is removed with it: a refused command
+leaves nothing behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import fcntl
 import json
@@ -26,8 +29,30 @@ class RunLock:
     def __init__(self, path: Path):
         self.path = path
         self.handle = None
+        self.created_folder = False
 
     def __enter__(self) -> RunLock:
+        folder = self.path.parent
+        self.created_folder = not folder.exists()
+        while True:
+            handle = self.locked_file()
+            if is_still_at(handle, self.path):
+                break
+            handle.close()  # its holder removed it on release: lock the file now at the path
+        holder = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        }
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(holder) + "\n")
+        handle.flush()
+        self.handle = handle
+        return self
+
+    def locked_file(self):
+        """The lock file, open and locked; RunFolderInUse when another process holds it."""
         folder = self.path.parent
         try:
             folder.mkdir(parents=True, exist_ok=True)
@@ -56,23 +81,27 @@ class RunLock:
                 "file system with working flock (NFS with its lock service, Lustre mounted with "
                 "flock)"
             ) from None
-        holder = {
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "since": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        }
-        handle.seek(0)
-        handle.truncate()
-        handle.write(json.dumps(holder) + "\n")
-        handle.flush()
-        self.handle = handle
-        return self
+        return handle
 
     def __exit__(self, *exc_info) -> None:
         if self.handle is not None:
             self.handle.truncate(0)
+            folder = self.path.parent
+            if self.created_folder and [p.name for p in folder.iterdir()] == [self.path.name]:
+                self.path.unlink()  # before the release: a waiting locker sees it gone
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
             self.handle.close()  # releases the lock
             self.handle = None
+
+
+def is_still_at(handle, path: Path) -> bool:
+    """Whether the locked file is still the one at `path` (a holder that removed it on release
+    leaves a locker of the old file holding a lock nobody else sees)."""
+    try:
+        return os.path.samestat(os.fstat(handle.fileno()), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def describe_holder(text: str) -> str:

@@ -6,6 +6,7 @@ rounding), the right copy for each call; the loaded model and the checkpoint lef
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 from transformer_mt import onednn
 from transformer_mt.commands.train import train
 from transformer_mt.config import (
+    BatchShape,
     CpuLinear,
     DecodeConfig,
     DecodePrecision,
@@ -23,7 +25,12 @@ from transformer_mt.config import (
     compose_job,
     validate_decode,
 )
-from transformer_mt.decode.cpu_linear import LinearKernel, OneDnnLinear, cpu_linear_copy
+from transformer_mt.decode.cpu_linear import (
+    Int8RowLinear,
+    LinearKernel,
+    OneDnnLinear,
+    cpu_linear_copy,
+)
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import ModelSearch
@@ -32,15 +39,18 @@ from transformer_mt.files import file_sha256
 
 INT8 = DecodeConfig(quantize=Quantize.int8)
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch has no oneDNN")
+INT8_LAYERS = {Quantize.int8: Int8RowLinear, Quantize.int8_batch: DynamicInt8Linear}
+"""What each decode.quantize puts in place of nn.Linear."""
+both_int8 = pytest.mark.parametrize("quantize", list(INT8_LAYERS))
 
 
-def int8_copy(model):
-    return cpu_linear_copy(model, LinearKernel.int8)
+def int8_copy(model, quantize: Quantize = Quantize.int8):
+    return cpu_linear_copy(model, LinearKernel(quantize.value))
 
 
 def linear_kinds(model: nn.Module) -> set[type]:
     """The kinds of linear layer in `model`."""
-    kinds = (nn.Linear, OneDnnLinear, DynamicInt8Linear)
+    kinds = (nn.Linear, OneDnnLinear, DynamicInt8Linear, Int8RowLinear)
     return {type(m) for m in model.modules() if isinstance(m, kinds)}
 
 
@@ -48,22 +58,26 @@ def relative_error(x: torch.Tensor, reference: torch.Tensor) -> float:
     return float((x - reference).norm() / reference.norm())
 
 
-def test_every_linear_layer_and_the_output_projection_compute_in_int8(random_model):
+@both_int8
+def test_every_linear_layer_and_the_output_projection_compute_in_int8(random_model, quantize):
     model = random_model(vocab=50, seed=0, sharpen=1.0)
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    quantized = int8_copy(model)
+    quantized = int8_copy(model, quantize)
     float_linears = [name for name, m in quantized.named_modules() if type(m) is nn.Linear]
     assert float_linears == []
-    assert isinstance(quantized.output_projection, DynamicInt8Linear)
-    assert quantized.output_projection.weight().dtype == torch.qint8
+    projection = quantized.output_projection
+    assert isinstance(projection, INT8_LAYERS[quantize])
+    weight = projection.weight_t if quantize == Quantize.int8 else projection.weight()
+    assert weight.dtype == (torch.int8 if quantize == Quantize.int8 else torch.qint8)
     src = torch.tensor([[5, 9, 13, 7, 3], [22, 41, 3, 0, 0]])
     tgt_in = torch.tensor([[2, 8, 12, 30], [2, 17, 6, 45]])
     with torch.no_grad():
         reference = model.decode(tgt_in, model.encode(src))  # (B, T, V)
         logits = quantized.decode(tgt_in, quantized.encode(src))
     # int8 weights (a scale per row: rounding error <= 1/254 of the row's largest weight, about
-    # 1% of a typical one) and 7-bit activations (fbgemm's reduce_range: steps of 1/127 of each
-    # input's range) put each of the 9 layers' outputs about 1-2% off float32; through residuals
+    # 1% of a typical one) and activations in steps of 1/127 of each row's range (int8) or of
+    # the call's (int8_batch, fbgemm's reduce_range) put each of the 9 layers' outputs about
+    # 1-2% off float32; through residuals
     # and LayerNorm that stays a few percent, far from the 100% of unrelated logits.
     error = relative_error(logits, reference)
     assert 0 < error < 0.1
@@ -82,28 +96,36 @@ def test_int8_is_refused_on_cuda_and_with_bf16_naming_the_key(random_model):
     assert job.decode.quantize == Quantize.int8 and job.decode.precision == DecodePrecision.auto
 
 
-def test_int8_without_torch_ao_quantization_is_refused_naming_the_key(random_model, monkeypatch):
+def test_int8_batch_without_torch_ao_quantization_is_refused_naming_the_key(
+    random_model, monkeypatch
+):
     """torch marks torch.ao.quantization deprecated: a torch without it still decodes in
-    float32, and int8 is refused in one line."""
+    float32 and in int8 (torch._int_mm), and int8_batch is refused in one line."""
     import sys
 
     monkeypatch.setitem(sys.modules, "torch.ao.quantization", None)  # as if it were gone
     model = random_model(vocab=50, seed=0)
     with pytest.raises(ConfigError) as refused:
-        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8)
+        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8_batch)
     message = str(refused.value)
-    assert message.startswith("config key 'decode.quantize': int8 needs torch.ao.quantization")
-    assert "\n" not in message and "decode.quantize=none" in message
+    assert message.startswith(
+        "config key 'decode.quantize': int8_batch needs torch.ao.quantization"
+    )
+    assert "\n" not in message and "decode.quantize=int8 or none" in message
     assert cpu_linear_copy(model, LinearKernel.onednn) is not None  # float32 is unaffected
+    assert cpu_linear_copy(model, LinearKernel.int8) is not None
 
 
-def test_each_member_of_an_ensemble_searches_in_int8(random_model):
+@both_int8
+def test_each_member_of_an_ensemble_searches_in_int8(random_model, quantize):
     pair = Ensemble([random_model(vocab=50, seed=1, eos_bonus=3.0) for _ in range(2)])
-    search = ModelSearch(pair, torch.device("cpu"), quantize=Quantize.int8)
-    assert [linear_kinds(member) for member in search.ensemble.models] == [{DynamicInt8Linear}] * 2
+    search = ModelSearch(pair, torch.device("cpu"), quantize=quantize)
+    kinds = [linear_kinds(member) for member in search.ensemble.models]
+    assert kinds == [{INT8_LAYERS[quantize]}] * 2
     assert [linear_kinds(member) for member in pair.models] == [{nn.Linear}] * 2  # copies
-    assert search.searching(INT8) is search.ensemble  # int8 whatever decode.cpu_linear says
-    nbest = search.search([[5, 6, 7], [8, 9]], INT8)
+    decode = DecodeConfig(quantize=quantize)
+    assert search.searching(decode) is search.ensemble  # int8 whatever decode.cpu_linear says
+    nbest = search.search([[5, 6, 7], [8, 9]], decode)
     assert [len(hyps) >= 1 for hyps in nbest] == [True, True]
     attention = search.cross_attention([[5, 6, 7]], [nbest[0][0].tokens], layer=-1)
     assert all(sum(row) == pytest.approx(1.0, abs=1e-5) for row in attention[0])
@@ -114,7 +136,7 @@ def test_int8_leaves_the_checkpoint_on_disk_unchanged(tiny_train_job):
     run_dir = checkpoint.parents[1]
     digest, modified = file_sha256(checkpoint), checkpoint.stat().st_mtime_ns
     translator = load_translator(run_dir, decode=INT8, device="cpu")
-    assert linear_kinds(translator.backend.model) == {DynamicInt8Linear}
+    assert linear_kinds(translator.backend.model) == {Int8RowLinear}
     assert len(translator.translate(["the dog sees the cat.", ""])) == 2
     assert file_sha256(checkpoint) == digest and checkpoint.stat().st_mtime_ns == modified
     with pytest.raises(ConfigError, match=r"'decode\.quantize': none is chosen when the model"):
@@ -242,3 +264,52 @@ def test_without_a_working_onednn_product_float32_calls_search_with_the_model(
         assert len(search.search([[5, 6, 7]], DecodeConfig(max_len_b=3))) == 1
     finally:
         onednn.available.cache_clear()  # the next test probes the real kernel again
+
+
+def test_an_int8_layer_gives_each_row_what_it_gives_that_row_alone(random_model):
+    """decode.quantize=int8 quantizes each row from its own range: a row's output is bitwise the
+    same whatever rows share the call. int8_batch (PyTorch's dynamic quantization) takes one
+    scale from the whole batch: a row beside a row of wider range comes out otherwise."""
+    model = random_model(vocab=60, seed=4)
+    torch.manual_seed(0)
+    narrow, wide = torch.randn(3, 16), 40 * torch.randn(2, 16)
+    for kernel, independent in [(LinearKernel.int8, True), (LinearKernel.int8_batch, False)]:
+        layer = cpu_linear_copy(model, kernel).output_projection
+        with torch.no_grad():
+            together, alone = layer(torch.cat([narrow, wide]))[:3], layer(narrow)
+        assert torch.equal(together, alone) == independent, kernel
+
+
+def test_an_int8_translation_does_not_depend_on_the_sentences_batched_with_it(random_model):
+    """A sentence translated alone, in a batch of 12 (shrinking) or in a batch of fixed shape:
+    with int8 the same best hypotheses, with scores the same up to float rounding. (The float32
+    parts, such as attention over the batch's padded length, round a little differently with
+    the batch's shape, as in float32; where that moves a value across an int8 step a score moves
+    by about 1e-3: at most 0.0045 over 40 such sentences, all 40 the same.) With one scale for
+    the whole batch (int8_batch, what int8 was), the scores here are 0.249 apart; on Multi30k
+    36 of 100 lines differed between the two shapes."""
+    model = random_model(vocab=60, seed=4, eos_bonus=3.0)
+    torch.manual_seed(0)
+    sources = [[int(t) for t in torch.randint(4, 60, (n % 6 + 3,))] for n in range(12)]
+    sources[0] = sources[0] * 4  # a longer one, with activations of another range
+    search = ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8)
+    decode = DecodeConfig(beam_size=4, max_len_b=2, quantize=Quantize.int8)
+    alone = [search.search([source], decode)[0][0] for source in sources]
+    for shape in (BatchShape.shrinking, BatchShape.fixed):
+        batched = dataclasses.replace(decode, batch_shape=shape)
+        together = [hyps[0] for hyps in search.search(sources, batched)]
+        pairs = [(a, b) for a, b in zip(together, alone, strict=True) if a.tokens == b.tokens]
+        assert len(pairs) >= 11, f"{shape.value}: {len(pairs)} of 12 the same as alone"
+        assert max(abs(a.score - b.score) for a, b in pairs) < 0.05, shape.value
+
+
+def test_int8_batch_says_that_its_translations_depend_on_the_batch(random_model, caplog):
+    """The per-batch form stays for make bench-decode to time beside the per-row one; a search
+    built with it (tmt-translate, tmt-serve at start) says what it does."""
+    model = random_model(vocab=50, seed=0)
+    with caplog.at_level(logging.INFO):
+        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8)
+    assert "depends on the sentences" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8_batch)
+    assert "a sentence's translation depends on the sentences translated with it" in caplog.text

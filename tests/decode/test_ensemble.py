@@ -239,3 +239,23 @@ def test_a_checkpoint_of_another_tokenizer_of_the_same_size_is_refused_naming_bo
     del state["tokenizer_sha256"]  # as checkpoints were written before
     save_checkpoint(state, copied)
     assert load_translator(run, str(copied), device="cpu").origin["step"] == 1
+
+
+def test_average_refuses_checkpoints_of_another_tokenizer_before_writing(
+    tmp_path, tokenizer_files, random_model
+):
+    """Checkpoints copied in from a run with another tokenizer of the same size: eval refuses
+    their average, so tmt-average refuses to write it (it wrote averaged.pt, exit 0)."""
+    from transformer_mt.commands.average import average
+    from transformer_mt.config import AverageJob
+    from transformer_mt.data.tokenizer import load_tokenizers
+
+    run = tmp_path / "run"
+    make_run(run, tokenizer_files[0], random_model, [1, 2])
+    theirs = load_tokenizers(tokenizer_files[1].parent).src.sha256
+    for step in (1, 2):
+        path = run / "checkpoints" / f"step_{step}.pt"
+        save_checkpoint({**torch.load(path, weights_only=True), "tokenizer_sha256": [theirs]}, path)
+    with pytest.raises(CheckpointError, match="another SentencePiece model than"):
+        average(AverageJob(run_dir=str(run), last=2, decode=DecodeConfig()))
+    assert not (run / "checkpoints" / "averaged.pt").exists()

@@ -57,6 +57,7 @@ def test_min_len_holds_for_sampling(random_model):
     [
         ({"top_k": 2}, [1, 1, 0, 0, 0]),
         ({"top_p": 0.45}, [1, 0, 0, 0, 0]),  # the first token alone reaches 0.45
+        ({"top_p": 1e-300}, [1, 0, 0, 0, 0]),  # 0 in float32: the most probable still stays
         ({"top_p": 0.8}, [1, 1, 1, 0, 0]),  # 0.5 + 0.2 < 0.8: the third is needed too
         ({"top_k": 2, "top_p": 0.9}, [1, 1, 0, 0, 0]),  # top-p after top-k: 0.5 / 0.7 < 0.9
         ({"top_k": 9}, [1, 1, 1, 1, 1]),  # k beyond the vocabulary: everything
@@ -80,6 +81,14 @@ def test_temperature_divides_the_log_probabilities():
     [
         ({"temperature": 0.0}, "decode.temperature"),
         ({"temperature": -1.0}, "decode.temperature"),
+        ({"temperature": 1e-300}, "decode.temperature"),  # log_probs / it: -inf and nan
+        ({"temperature": float("inf")}, "decode.temperature"),
+        ({"temperature": float("nan")}, "decode.temperature"),
+        ({"length_penalty": float("nan")}, "decode.length_penalty"),
+        ({"length_penalty": float("inf")}, "decode.length_penalty"),
+        ({"length_penalty": 1e308}, "decode.length_penalty"),  # the penalty overflows
+        ({"max_len_a": float("inf")}, "decode.max_len_a"),
+        ({"beam_size": 100_000}, "decode.beam_size"),
         ({"top_k": -1}, "decode.top_k"),
         ({"top_p": 0.0}, "decode.top_p"),
         ({"top_p": 1.5}, "decode.top_p"),

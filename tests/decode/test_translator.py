@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, SourceLengths, Strategy
+from transformer_mt.config import (
+    DecodeConfig,
+    DecodePrecision,
+    Quantize,
+    SdpaBackend,
+    SourceLengths,
+    Strategy,
+)
 from transformer_mt.data.tokenizer import UNK_ID, Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.search import Hypothesis
@@ -115,8 +122,17 @@ def test_greedy_and_sampling_give_one_translation_whatever_nbest(make_translator
 
 
 def test_invalid_temperature_is_named_before_any_work(make_translator):
-    with pytest.raises(ConfigError, match=r"'decode\.temperature': must be > 0"):
+    with pytest.raises(ConfigError, match=r"'decode\.temperature': must be in \[1e-06"):
         make_translator(strategy=Strategy.sample, temperature=0.0)
+
+
+def test_attention_kernels_the_device_lacks_are_named_when_the_translator_is_made(
+    make_translator,
+):
+    """On the CPU [efficient] failed at the first attention call of every search (a traceback
+    per request in the server); now the translator is refused where it is made."""
+    with pytest.raises(ConfigError, match=r"'decode\.sdpa_backends': \[efficient\]: none"):
+        make_translator(sdpa_backends=[SdpaBackend.efficient])
 
 
 @pytest.mark.parametrize("decode", [{"strategy": Strategy.greedy}, {"beam_size": 3}])

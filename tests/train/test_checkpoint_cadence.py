@@ -6,6 +6,8 @@ fast this machine runs."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -44,8 +46,9 @@ def checkpointer_of(config: str, tmp_path, *overrides: str) -> Checkpointer:
 
 def test_the_cpu_recipes_cadence_on_a_gpu_keeps_the_minimum_interval(tmp_path, clock):
     """multi30k (checkpoint_every=50) at GPU speed (64 updates/s, 1/64 s exact in floating
-    point; the first GPU run: 55): update 50 comes 0.8 s after the last checkpoint and is
-    skipped; the first multiple of 50 at least trainer.checkpoint_min_seconds later is written."""
+    point; the first GPU run: 55): a new run has no previous checkpoint, so update 50's is
+    written; update 100 comes 0.8 s after it and is skipped; the first multiple of 50 at least
+    trainer.checkpoint_min_seconds later is written."""
     checkpointer = checkpointer_of("multi30k", tmp_path)
     settings = checkpointer.settings
     assert settings.checkpoint_every == 50 and settings.checkpoint_min_seconds == 30
@@ -54,9 +57,9 @@ def test_the_cpu_recipes_cadence_on_a_gpu_keeps_the_minimum_interval(tmp_path, c
         clock.now += 1 / 64
         if checkpointer.periodic_due(step):
             due.append(step)
-            checkpointer.last_save_time = clock.now  # what save() records
-    # 30 s are 1,920 updates: the next multiple of 50 is 1,950, then 1,950 + 1,950, ...
-    assert due == [1950, 3900, 5850]
+            checkpointer.saved_step, checkpointer.last_save_time = step, clock.now  # as save()
+    # 30 s are 1,920 updates: after 50, the next multiple of 50 is 2,000, then 3,950, ...
+    assert due == [50, 2000, 3950, 5900]
 
 
 def test_the_cpu_recipes_cadence_on_the_cpu_is_unchanged(tmp_path, clock):
@@ -68,7 +71,7 @@ def test_the_cpu_recipes_cadence_on_the_cpu_is_unchanged(tmp_path, clock):
         clock.now += 1.0
         if checkpointer.periodic_due(step):
             due.append(step)
-            checkpointer.last_save_time = clock.now
+            checkpointer.saved_step, checkpointer.last_save_time = step, clock.now
     assert due == [50, 100, 150, 200, 250, 300]
 
 
@@ -116,20 +119,26 @@ def test_the_gpu_recipe_plans_for_cuda_and_checkpoints_by_time(tmp_path, clock):
         clock.now += 1 / 64
         if checkpointer.periodic_due(step) or checkpointer.time_due():
             saved.append(step)
-            checkpointer.last_save_time = clock.now
+            checkpointer.saved_step, checkpointer.last_save_time = step, clock.now
     interval = 60 * trainer.checkpoint_every_minutes
     assert len(saved) == int(60 / interval)
 
 
-def test_a_run_writes_no_periodic_checkpoint_within_the_minimum_interval(tiny_train_job):
-    """Through the real loop: checkpoint_every=2 with a minimum interval no toy run reaches
-    leaves the end's checkpoint alone (without the interval every second update's is written:
-    tests/test_end_to_end.py and others)."""
+def test_a_run_writes_no_periodic_checkpoint_within_the_minimum_interval(tiny_train_job, caplog):
+    """Through the real loop: checkpoint_every=2 with a minimum interval no toy run reaches.
+    The interval counts from the previous checkpoint, which a new run does not have: its first
+    periodic checkpoint is written, the next ones within the interval are not, and the message
+    names the checkpoint they keep apart from; the end's is always written (without the interval
+    every second update's is written: tests/test_end_to_end.py and others)."""
     spaced = tiny_train_job(
         "trainer.max_steps=6", "trainer.checkpoint_every=2", "trainer.valid_every=0",
         "trainer.valid_bleu_sentences=0", "trainer.checkpoint_every_minutes=0",
         "trainer.checkpoint_min_seconds=100000",
     )  # fmt: skip
     folder = RunDir(spaced.run_dir).checkpoints
-    train(spaced)
-    assert sorted(path.name for path in folder.path.glob("step_*.pt")) == ["step_6.pt"]
+    with caplog.at_level(logging.INFO):
+        train(spaced)
+    names = sorted(path.name for path in folder.path.glob("step_*.pt"))
+    assert names == ["step_2.pt", "step_6.pt"]
+    assert "no checkpoint at update 4, " in caplog.text
+    assert "s after the previous one (update 2):" in caplog.text

@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import pickle
 import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -193,26 +199,71 @@ def test_recompiles_are_counted_and_warned_about_at_the_limit(caplog):
     assert len(reasons) >= 2 and all("size mismatch" in m for m in reasons), reasons
 
 
+class Planted:
+    """A pickle that, when loaded, creates the file `marker` (the payload of a planted cache)."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
 @pytest.mark.slow
-def test_a_resumed_run_finds_its_compiled_kernels_in_the_run_folder(
-    tiny_train_job, monkeypatch, caplog
+def test_a_cache_planted_in_the_run_folder_runs_nothing(
+    tiny_train_job, tiny_overrides, tmp_path, monkeypatch
 ):
-    """The first start compiles into the run folder's compile-cache/; the resumed start reads
-    its graphs from there (Inductor's FX graph cache: hits, no misses)."""
-    monkeypatch.delenv(compiling.CACHE_SETTING, raising=False)  # the run folder's, not the user's
-    job = tiny_train_job("trainer.compile=true", "trainer.max_steps=1", "trainer.valid_every=0")
-    first = train(job).parents[1] / "compile-cache"
-    assert any(path.is_file() for path in first.rglob("*"))
+    """The review's probe: a run folder whose compile-cache/ holds a pickle in every graph's
+    folder (as a copied run folder, or an older version's, would), resumed with
+    trainer.compile=true. Before, torch unpickled it while compiling the first update. Now the
+    folder is named and never read; the resumed run takes its kernels from the user's cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # so that the test's end restores it
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")  # the user's choice: none
+    user_cache = tmp_path / "xdg" / "transformer_mt" / "compile"
+    quick = ["trainer.compile=true", "trainer.valid_every=0", "trainer.valid_bleu_sentences=0"]
+    run = Path(train(tiny_train_job(*quick, "trainer.max_steps=1")).parents[1])
+    planted = run / "compile-cache"
+    if not planted.is_dir():  # where the kernels are now, copied as an older version kept them
+        (written,) = user_cache.iterdir()
+        shutil.copytree(written, planted)
+    marker = tmp_path / "the planted pickle ran"
+    graphs = [*planted.glob("fxgraph/*/*"), *planted.glob("aotautograd/*")]
+    assert graphs
+    for folder in graphs:
+        (folder / "planted").write_bytes(pickle.dumps(Planted(marker)))
     torch._dynamo.reset()  # a new process would start with no graphs in memory
     torch._dynamo.utils.counters.clear()
-    with caplog.at_level(logging.INFO):
-        train(
-            tiny_train_job("trainer.compile=true", "trainer.max_steps=2", "trainer.valid_every=0")
-        )
-    assert f"torch.compile's cache: {first.resolve()} (the run folder's;" in caplog.text
+    try:
+        train(tiny_train_job(*quick, "trainer.max_steps=2"))
+        failed = None
+    except Exception as error:  # before: torch failed on what the pickle gave it, after running it
+        failed = error
+    assert not marker.exists(), "the planted pickle ran"
+    assert failed is None, failed
     counters = torch._dynamo.utils.counters["inductor"]
     assert counters["fxgraph_cache_hit"] > 0 and counters["fxgraph_cache_miss"] == 0, counters
 
+    # The review's damaged cache: every shared library of it garbled (replaced, not written
+    # over: this process has them loaded), read by a new process. One line, naming it.
+    (in_use,) = user_cache.iterdir()
+    for library in in_use.rglob("*.so"):
+        garbled = library.with_name(library.name + ".garbled")
+        garbled.write_bytes(os.urandom(256))
+        os.replace(garbled, library)
+    overrides = [*tiny_overrides, *quick, f"run_dir={run}", "trainer.max_steps=3"]
+    overrides.append(f"data.prepared_dir={tmp_path / 'prepared'}")
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "tmt-train"), *overrides],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    (error,) = [line for line in result.stderr.splitlines() if "[ERROR]" in line]
+    assert f"torch.compile failed (its cache: {in_use})" in error
+    assert f"delete {in_use} to compile afresh" in error and "Traceback" not in result.stderr
 
 def compile_id(frame: int, compilation: int):
     """What Dynamo's end-of-compilation callback receives for `compilation` of `frame`."""

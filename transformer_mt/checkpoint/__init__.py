@@ -21,6 +21,7 @@ from transformer_mt.checkpoint.record import (
     Mismatch,
     Purpose,
     check_fits,
+    decoded_record,
     model_from_checkpoint,
 )
 from transformer_mt.checkpoint.training_state import Progress, RngStates, TrainingState
@@ -40,6 +41,7 @@ __all__ = [
     "average_checkpoints",
     "check_compatible",
     "check_fits",
+    "decoded_record",
     "is_training_checkpoint",
     "load_checkpoint",
     "load_newest_readable",

@@ -1,7 +1,9 @@
 """A run's checkpoints/ folder, the one place that names its files: step_N.pt (the newest
 trainer.keep_checkpoints kept), last.pt and best.pt (hard links to a step file, so nothing is
-written twice), averaged.pt and exported model folders beside them, and step_N.damaged.pt (a
-damaged step file that a resume passed over, kept for the user to look at)."""
+written twice), averaged.pt and exported model folders beside them, step_N.damaged.pt (a
+damaged step file that a resume passed over, kept for the user to look at) and
+step_N.abandoned.pt (a step file newer than the checkpoint trainer.resume_from continued from:
+another branch of the run, which no later start resumes or averages)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ log = logging.getLogger(__name__)
 STEP_FILE = re.compile(r"step_(\d+)\.pt")
 LAST, BEST = "last.pt", "best.pt"
 DAMAGED = "damaged"  # step_N.damaged.pt: a damaged step file a resume passed over, kept
+ABANDONED = "abandoned"  # step_N.abandoned.pt: newer than the checkpoint resume_from took
 
 
 def is_training_checkpoint(name: str) -> bool:
@@ -84,12 +87,13 @@ def load_newest_readable(folder: Path) -> tuple[dict[str, Any], Path] | None:
     return None
 
 
-def aside_path(path: Path) -> Path:
-    """Where a damaged checkpoint is kept: step_4.pt -> step_4.damaged.pt (then
-    step_4.damaged-2.pt, ...), a name the folder never writes, prunes or resumes from."""
+def aside_path(path: Path, why: str = DAMAGED) -> Path:
+    """Where a checkpoint set aside is kept: step_4.pt -> step_4.damaged.pt (then
+    step_4.damaged-2.pt, ...; `why`: DAMAGED or ABANDONED), a name the folder never writes,
+    prunes or resumes from."""
     for number in itertools.count(1):
         suffix = "" if number == 1 else f"-{number}"
-        aside = path.with_name(f"{path.stem}.{DAMAGED}{suffix}{path.suffix}")
+        aside = path.with_name(f"{path.stem}.{why}{suffix}{path.suffix}")
         if not aside.exists():
             return aside
     raise AssertionError("unreachable")
@@ -122,28 +126,36 @@ class CheckpointFolder:
     def newest_readable(self) -> tuple[dict[str, Any], Path] | None:
         return load_newest_readable(self.path) if self.path.is_dir() else None
 
-    def keep_aside_newer_than(self, step: int) -> list[Path]:
+    def keep_aside_newer_than(self, step: int, *, abandoned: bool = False) -> list[Path]:
         """Rename every step file newer than update `step` to its aside_path, so that the run
-        resumed from `step` never overwrites it; the names given. Called (by rank 0, under the
-        run's lock) once a resume from the newest readable checkpoint is agreed: every newer
-        step file was then passed over as damaged (load_newest_readable tries the newest first
-        and stops at a file it could not read)."""
-        kept = []
+        resumed from `step` never overwrites, resumes or averages it; the names given. Called
+        (by rank 0, under the run's lock) once a resume from `step` is agreed. From the newest
+        readable checkpoint, every newer step file was passed over as damaged
+        (load_newest_readable tries the newest first and stops at a file it could not read);
+        from trainer.resume_from (`abandoned`), newer ones are another branch of the run, and
+        best.pt goes aside with the one it points at."""
+        why, kept = ABANDONED if abandoned else DAMAGED, []
         for path in step_checkpoints(self.path):
             if int(STEP_FILE.fullmatch(path.name).group(1)) > step:
-                aside = aside_path(path)
-                os.rename(path, aside)
-                log.warning("kept the damaged %s aside as %s", path.name, aside.name)
-                kept.append(aside)
+                if why == ABANDONED and self.best.is_file() and os.path.samefile(path, self.best):
+                    kept.append(self.set_aside(self.best, why))
+                kept.append(self.set_aside(path, why))
         return kept
+
+    def set_aside(self, path: Path, why: str) -> Path:
+        aside = aside_path(path, why)
+        os.rename(path, aside)
+        log.warning("kept the %s %s aside as %s", why, path.name, aside.name)
+        return aside
 
     def newest_steps(self, n: int) -> list[Path]:
         return newest_step_checkpoints(self.path, n)
 
     def save(self, state: dict, step: int, *, best: bool, keep: int, previous: int) -> Path:
         """Write step_N.pt, point last.pt (and best.pt) at it, keep the newest `keep` step
-        files. A write that fails (a full disk) is a CheckpointError that says which checkpoint
-        (of update `previous`) is intact."""
+        files; the name that holds it now (last.pt where keep=0 pruned step_N.pt). A write that
+        fails (a full disk) is a CheckpointError that says which checkpoint (of update
+        `previous`) is intact."""
         step_path = self.step_file(step)
         try:
             save_checkpoint(state, step_path)
@@ -153,7 +165,7 @@ class CheckpointFolder:
             link_atomically(step_path, self.best)
         link_atomically(step_path, self.last)
         prune_step_checkpoints(self.path, keep)
-        return step_path
+        return step_path if step_path.is_file() else self.last
 
     def unwritten(self, step_path: Path, error: OSError, previous: int) -> str:
         """What a failed checkpoint write means for the user: which checkpoint is intact."""
@@ -170,6 +182,20 @@ class CheckpointFolder:
             f"could not write checkpoint {step_path} ({cause}); {kept}: free space and rerun "
             "the same command to continue from it"
         )
+
+    def point_last_at(self, path: Path, step: int) -> bool:
+        """last.pt at the checkpoint a run resumes, `path` of update `step`, where it is this
+        folder's (a kill between writing step_N.pt and linking last.pt leaves last.pt older, and
+        every command that reads the run takes last.pt); whether last.pt now holds it (False:
+        `path` lies elsewhere)."""
+        if self.last.is_file() and os.path.samefile(path, self.last):
+            return True
+        step_path = self.step_file(step)
+        if not (step_path.is_file() and os.path.samefile(path, step_path)):
+            return False
+        link_atomically(step_path, self.last)
+        log.info("%s now points at update %d, the checkpoint this run resumes", LAST, step)
+        return True
 
     def point_best_at(self, step: int) -> bool:
         """best.pt at step_N.pt of the recorded best score, if it points elsewhere (a kill

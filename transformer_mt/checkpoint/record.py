@@ -294,10 +294,24 @@ def pieces(record: CheckpointRecord) -> str:
 def model_from_checkpoint(
     state: dict, path: Path, tokenizers: Tokenizers, home: Tokenizers | None = None
 ) -> Transformer:
-    """The checkpoint's model, checked against the run folder's tokenizers. home: the tokenizers
-    of the other run folder the checkpoint lies in (an ensemble's member from another run): a
-    refusal names their files, and their hash stands in for the one a checkpoint written before
-    it was recorded lacks."""
+    """The checkpoint's model, checked against the run folder's tokenizers (`decoded_record`)."""
+    model = decoded_record(state, path, tokenizers, home).build_model()
+    try:
+        model.load_state_dict(model_weights(state))
+    except RuntimeError as error:
+        raise CheckpointError(
+            f"{path}: weights do not fit the recorded model configuration ({error})"
+        ) from error
+    return model
+
+
+def decoded_record(
+    state: dict, path: Path, tokenizers: Tokenizers, home: Tokenizers | None = None
+) -> CheckpointRecord:
+    """The checkpoint's record, once its vocabulary is known to be the run folder's tokenizers'
+    (CheckpointError naming both otherwise). home: the tokenizers of the other run folder the
+    checkpoint lies in (an ensemble's member from another run): a refusal names their files,
+    and their hash stands in for the one a checkpoint written before it was recorded lacks."""
     record = CheckpointRecord.read(state, path)
     if home is not None and record.tokenizer_sha256 is None:
         record = dataclasses.replace(record, tokenizer_sha256=home.sha256)
@@ -310,14 +324,7 @@ def model_from_checkpoint(
         ours_from=file_names(tokenizers),
         theirs_from=None if home is None else file_names(home),
     )
-    model = record.build_model()
-    try:
-        model.load_state_dict(model_weights(state))
-    except RuntimeError as error:
-        raise CheckpointError(
-            f"{path}: weights do not fit the recorded model configuration ({error})"
-        ) from error
-    return model
+    return record
 
 
 def file_names(tokenizers: Tokenizers) -> str:

@@ -10,6 +10,7 @@ from pathlib import Path
 from transformer_mt.checkpoint import (
     AVERAGED_FROM,
     average_checkpoints,
+    decoded_record,
     is_training_checkpoint,
     load_checkpoint,
     model_from_checkpoint,
@@ -36,6 +37,8 @@ def average(job: AverageJob) -> tuple[list[Path], Path]:
     else:
         paths = run.checkpoints.newest_steps(job.last)
         state = average_checkpoints(paths)
+        # what eval and translate will check: refused now, before a file no run can use is written
+        decoded_record(state, paths[-1], run.tokenizers())
     save_checkpoint(state, output)
     return paths, output
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from transformer_mt.config import ServeJob, validate_decode
+from transformer_mt.config import ServeJob, validate_serve
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.errors import TransformerMTError
 
@@ -13,7 +13,7 @@ log = logging.getLogger(__name__)
 
 
 def serve(job: ServeJob) -> None:
-    validate_decode(job.decode)
+    validate_serve(job)  # before the model loads
     try:
         import uvicorn
 

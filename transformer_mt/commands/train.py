@@ -126,8 +126,10 @@ def train_started(
     the last checkpoint and the stop signal this rank received (None: none did)."""
     device = policy.device
     if ranks.is_main:
-        if start.kind == StartKind.resume and cfg.trainer.resume_from is None:
-            run.checkpoints.keep_aside_newer_than(start.step)  # damaged files it passed over
+        if start.kind == StartKind.resume:  # newer step files: damaged ones it passed over,
+            # or, from trainer.resume_from, the branch it abandons (a plain rerun would take it)
+            abandoned = cfg.trainer.resume_from is not None
+            run.checkpoints.keep_aside_newer_than(start.step, abandoned=abandoned)
         data = run.prepare(cfg.data)
         run.write_config(cfg)
         run.append_history(start_record(start, overrides, ranks, device))

@@ -4,7 +4,9 @@ file.
 Typed at a terminal, each line is translated as soon as it is entered. From a file or a pipe, the
 input is read in chunks of CHUNK_LINES lines, which the Translator sorts by length and batches by
 decode.batch_tokens; the output keeps the input's order and is flushed after each chunk, so
-memory stays bounded on a file of any length."""
+memory stays bounded on a file of any length. output= and attention= files are written beside
+their targets and renamed into place once every line is translated: an input that fails
+halfway (a line that is not UTF-8) or a full disk leaves the previous file as it was."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import os
 import stat
 import sys
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -22,6 +24,7 @@ from transformer_mt.config import TranslateJob, validate_decode
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import ConfigError, TransformerMTError
+from transformer_mt.files import replacing
 
 CHUNK_LINES = 10_000
 ATTENTION_CHUNK_LINES = 100
@@ -42,10 +45,10 @@ def translate(job: TranslateJob) -> None:
             sys.stdout.reconfigure(encoding="utf-8")
             target = sys.stdout
         else:
-            target = files.enter_context(open(job.output, "w", encoding="utf-8"))
+            target = files.enter_context(written_when_complete(Path(job.output)))
         attention = None
         if job.attention is not None:
-            attention = files.enter_context(open(job.attention, "w", encoding="utf-8"))
+            attention = files.enter_context(written_when_complete(Path(job.attention)))
         interactive = job.input is None and sys.stdin.isatty()
         translate_stream(
             translator,
@@ -92,6 +95,19 @@ def translate_stream(
         target.flush()
         if attention is not None:
             attention.flush()
+
+
+@contextmanager
+def written_when_complete(path: Path) -> Iterator[TextIO]:
+    """A text file to write `path` with: a temporary file beside it, renamed over it when the
+    block succeeds and removed when it fails (files.replacing). A target that is not a regular
+    file (/dev/stdout, a named pipe) is written as it is: it cannot be replaced."""
+    if path.exists() and not path.is_file():
+        with open(path, "w", encoding="utf-8") as handle:
+            yield handle
+        return
+    with replacing(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+        yield handle
 
 
 def check_distinct_files(job: TranslateJob) -> None:

@@ -11,12 +11,20 @@ and output projection multiply with weights made ready for one kernel, once, whe
   (benchmarks/decode.txt). The same float32 products, summed in
   another order: results differ by float32 rounding, so a near-tie in a search may rank the
   other way.
-- `int8` (decode.quantize=int8): PyTorch's dynamic quantization
-  (`torch.ao.quantization.quantize_dynamic`, qint8): int8 weights with one scale per output row;
-  each call quantizes its input from the input's own range, multiplies in int8 and returns
-  float32. PyTorch marks torch.ao.quantization deprecated (pytorch/pytorch#184982; torchao is to
-  replace it), but 2.13 still ships and runs it; it is imported only where int8 is asked for,
-  and a torch without it refuses int8 in one line (`with_int8_linears`).
+- `int8` (decode.quantize=int8, `Int8RowLinear`): int8 weights with one scale per output row, and
+  each call's input quantized to int8 row by row, each row (a token of one hypothesis) from its
+  own range; multiplied in int8 with int32 sums (torch._int_mm, exact) and scaled back to
+  float32. What a row gets depends on that row alone, so a sentence's translation never depends
+  on the sentences batched with it (in tmt-translate's file, in the server's batch, in a fixed
+  or shrinking beam).
+- `int8_batch` (decode.quantize=int8_batch): PyTorch's dynamic quantization
+  (`torch.ao.quantization.quantize_dynamic`, qint8, fbgemm's kernel): the same int8 weights, but
+  each call quantizes its whole input with one scale from the range of the whole batch, so a
+  sentence's translation depends on the sentences batched with it (36 of 100 Multi30k lines
+  differed between a fixed and a shrinking beam: reliability review, issue 59). PyTorch marks
+  torch.ao.quantization deprecated (pytorch/pytorch#184982; torchao is to replace it), but 2.13
+  still ships and runs it; it is imported only where int8_batch is asked for, and a torch
+  without it refuses int8_batch in one line (`with_int8_batch_linears`).
 
 The output projection is no nn.Linear in the model (`Transformer.decode` multiplies by the shared
 embedding matrix, V x D: the largest matmul of a decoding step), so the copy's
@@ -44,7 +52,44 @@ from transformer_mt.model import Transformer
 
 class LinearKernel(str, Enum):
     onednn = "onednn"
-    int8 = "int8"
+    int8 = "int8"  # a scale per input row: Int8RowLinear
+    int8_batch = "int8_batch"  # a scale per call: torch.ao's dynamic quantization
+
+
+INT8_STEPS = 127.0
+"""Symmetric int8: a value x of a row (or weight row) whose largest magnitude is m becomes
+round(127 x / m)."""
+
+
+def int8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(N, K) float32 -> (N, K) int8 and the (N, 1) scale of each row: x ~ int8 * scale."""
+    scale = x.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny) / INT8_STEPS
+    return torch.round(x / scale).to(torch.int8), scale
+
+
+class Int8RowLinear(nn.Module):
+    """y = x W^T + b with W in int8 (a scale per output row) and x quantized to int8 row by row,
+    each row from its own range (so a row's result depends on that row alone), multiplied with
+    int32 sums by torch._int_mm and scaled back to float32 (inference only)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight, scale = int8_rows(linear.weight.detach().float())
+        self.register_buffer("weight_t", weight.t(), persistent=False)  # (K, N), K-major
+        self.register_buffer("weight_scale", scale.view(1, -1), persistent=False)  # (1, N)
+        self.bias = linear.bias.detach() if linear.bias is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        rows = x.reshape(-1, self.in_features)
+        quantized, scale = int8_rows(rows.float())
+        y = torch._int_mm(quantized, self.weight_t).float().mul_(scale).mul_(self.weight_scale)
+        if self.bias is not None:
+            y.add_(self.bias)
+        return y.view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
 class OneDnnLinear(nn.Module):
@@ -64,12 +109,12 @@ class OneDnnLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}"
 
 
-def with_onednn_linears(module: nn.Module) -> None:
-    """Every nn.Linear inside `module` replaced by its OneDnnLinear, in place."""
+def replace_linears(module: nn.Module, kind: type[nn.Module]) -> None:
+    """Every nn.Linear inside `module` replaced by kind(it), in place."""
     for parent in list(module.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
-                setattr(parent, name, OneDnnLinear(child))
+                setattr(parent, name, kind(child))
 
 
 def cpu_linear_copy(model: Transformer, kernel: LinearKernel) -> Transformer:
@@ -82,24 +127,24 @@ def cpu_linear_copy(model: Transformer, kernel: LinearKernel) -> Transformer:
     projection = skip_init(nn.Linear, model.cfg.d_model, model.embed.num_embeddings, bias=False)
     projection.weight = model.embed.weight  # (V, D), shared
     copied.output_projection = projection
-    if kernel == LinearKernel.int8:
-        with_int8_linears(copied)
+    if kernel == LinearKernel.int8_batch:
+        with_int8_batch_linears(copied)
     else:
-        with_onednn_linears(copied)
+        replace_linears(copied, Int8RowLinear if kernel == LinearKernel.int8 else OneDnnLinear)
     return copied
 
 
-def with_int8_linears(module: nn.Module) -> None:
+def with_int8_batch_linears(module: nn.Module) -> None:
     """Every nn.Linear inside `module` replaced by its dynamically quantized int8 twin, in place.
-    torch.ao.quantization is imported here, where int8 is asked for: it is deprecated, and a
-    torch without it must still decode in float32 (ConfigError naming decode.quantize)."""
+    torch.ao.quantization is imported here, where int8_batch is asked for: it is deprecated, and
+    a torch without it must still decode in float32 (ConfigError naming decode.quantize)."""
     try:
         from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     except ImportError as error:
         raise ConfigError(
-            f"config key 'decode.quantize': int8 needs torch.ao.quantization, which torch "
-            f"{torch.__version__} does not have ({error}); decode.quantize=none decodes in "
-            "float32 (on the CPU by oneDNN's prepacked product)"
+            f"config key 'decode.quantize': int8_batch needs torch.ao.quantization, which torch "
+            f"{torch.__version__} does not have ({error}); decode.quantize=int8 or none decode "
+            "without it"
         ) from None
     with warnings.catch_warnings():  # its deprecation notices (see above), once per call
         warnings.simplefilter("ignore", DeprecationWarning)

@@ -30,7 +30,8 @@ def sampling_logits(
         sorted_logits, order = logits.sort(dim=-1, descending=True)  # (N, V)
         probs = sorted_logits.softmax(dim=-1)
         mass_before = probs.cumsum(dim=-1) - probs  # of the more probable tokens
-        drop_sorted = mass_before >= top_p  # the first token has mass_before = 0 < top_p
+        drop_sorted = mass_before >= top_p
+        drop_sorted[:, 0] = False  # the most probable stays, even where top_p is 0 in float32
         drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)  # vocabulary order
         logits = logits.masked_fill(drop, -torch.inf)
     return logits

@@ -127,18 +127,19 @@ class ModelSearch:
         sampling_seed: int = 1,
         quantize: Quantize = Quantize.none,
     ):
-        if quantize == Quantize.int8 and device.type != "cpu":
+        if quantize != Quantize.none and device.type != "cpu":
             raise ConfigError(
-                f"config key 'decode.quantize': int8 runs on the CPU only, not on {device} "
-                "(PyTorch's int8 kernels are CPU ones); on a GPU decode.precision=auto (bf16) "
-                "is the fast setting"
+                f"config key 'decode.quantize': {quantize.value} runs on the CPU only, not on "
+                f"{device} (PyTorch's int8 kernels are CPU ones); on a GPU decode.precision=auto "
+                "(bf16) is the fast setting"
             )
         members = as_ensemble(model).models
         for member in members:
             member.to(device).eval()
-        if quantize == Quantize.int8:
-            log.info("decode.quantize=int8: the model's linear layers searching with int8 weights")
-            members = [cpu_linear_copy(member, LinearKernel.int8) for member in members]
+        if quantize != Quantize.none:
+            describe_int8(quantize)
+            kernel = LinearKernel(quantize.value)
+            members = [cpu_linear_copy(member, kernel) for member in members]
         self.ensemble, self.quantize = Ensemble(members), quantize
         self.onednn_ensemble: Ensemble | None = None  # made by the first call that uses it
         self.model, self.device = self.ensemble.models[0], device  # model: the first member
@@ -176,7 +177,7 @@ class ModelSearch:
         weights where the call's execution policy multiplies by oneDNN (float32 on the CPU,
         decode.cpu_linear=onednn), else the loaded ones (int8 copies with quantize=int8)."""
         policy = ExecutionPolicy.for_decoding(decode, self.device)
-        if policy.cpu_products != CpuProducts.onednn or self.quantize == Quantize.int8:
+        if policy.cpu_products != CpuProducts.onednn or self.quantize != Quantize.none:
             return self.ensemble
         if self.onednn_ensemble is None:
             self.onednn_ensemble = Ensemble(
@@ -237,6 +238,18 @@ class ModelSearch:
             weights[i, : len(t) + 1, : len(s) + 1].float().cpu().tolist()
             for i, (s, t) in enumerate(zip(sources, targets, strict=True))
         ]
+
+
+def describe_int8(quantize: Quantize) -> None:
+    """The log line of a search in int8: int8_batch warns that batch mates change outputs."""
+    if quantize == Quantize.int8:
+        log.info("decode.quantize=int8: the model's linear layers searching with int8 weights")
+        return
+    log.warning(
+        "decode.quantize=int8_batch: int8 weights, and each batch's inputs quantized with one "
+        "scale, so a sentence's translation depends on the sentences translated with it (in a "
+        "file, or a server's batch); decode.quantize=int8 scales each row alone"
+    )
 
 
 @dataclass(frozen=True)
@@ -303,6 +316,9 @@ class Translator:
         if decode is None:
             return self.decode
         validate_decode(decode)
+        device = getattr(self.backend, "device", None)
+        if device is not None:  # ours: the attention kernels it may use on its device
+            ExecutionPolicy.for_decoding(decode, device)
         precisions, quantize = backend_offers(self.backend)
         for key, offered in (("strategy", self.backend.strategies), ("precision", precisions)):
             if getattr(decode, key) not in offered:

@@ -55,8 +55,8 @@ class Checkpointer:
         """record: what this run's checkpoints say of themselves (progress added when saved)."""
         self.run, self.folder, self.record = run, run.checkpoints, record
         self.parts, self.ranks, self.device, self.settings = parts, ranks, device, settings
-        self.saved_step = -1
-        self.last_save_time = time.monotonic()
+        self.saved_step = -1  # the update last.pt holds (-1: none of this run yet)
+        self.last_save_time = time.monotonic()  # of saved_step (a resume's: when it resumed)
         self.skipped_one = False  # a checkpoint_every checkpoint skipped (logged once)
 
     # ---- saving ------------------------------------------------------------------------------
@@ -85,7 +85,7 @@ class Checkpointer:
                 keep=self.settings.keep_checkpoints,
                 previous=self.saved_step,
             )
-            log.info(
+            log.info(  # path: last.pt where keep_checkpoints=0 pruned the step file
                 "wrote %s (%.0f MB) in %.2f s",
                 path.name,
                 path.stat().st_size / 1e6,
@@ -106,10 +106,12 @@ class Checkpointer:
         (spaced,) = self.ranks.broadcast([float(self.spaced_enough())])
         if not spaced and not self.skipped_one and self.ranks.is_main:
             log.info(
-                "no checkpoint at update %d, %.1f s after the previous one: checkpoints for "
-                "trainer.checkpoint_every=%d keep trainer.checkpoint_min_seconds=%g apart",
+                "no checkpoint at update %d, %.1f s after the previous one (update %d): "
+                "checkpoints for trainer.checkpoint_every=%d keep "
+                "trainer.checkpoint_min_seconds=%g apart",
                 step,
                 time.monotonic() - self.last_save_time,
+                self.saved_step,
                 every,
                 self.settings.checkpoint_min_seconds,
             )
@@ -117,7 +119,10 @@ class Checkpointer:
         return spaced > 0
 
     def spaced_enough(self) -> bool:
-        """Whether trainer.checkpoint_min_seconds have passed since the last checkpoint."""
+        """Whether trainer.checkpoint_min_seconds have passed since the last checkpoint (the one
+        written last, or the one this run resumed, counted from the resume); True before any."""
+        if self.saved_step < 0:
+            return True
         return time.monotonic() - self.last_save_time >= self.settings.checkpoint_min_seconds
 
     def time_due(self) -> bool:
@@ -149,11 +154,22 @@ class Checkpointer:
         if state.scaler:
             parts.scaler.load_state_dict(state.scaler)
         progress = checkpoint.record.progress or Progress(step=checkpoint.record.step)
-        self.saved_step = progress.step
         if not restore_rng(state.rng, self.ranks, self.device, self.settings.seed, progress.step):
             log.warning("another number of ranks: dropout draws fresh random numbers")
+        self.relink_last(path, progress.step)
         self.relink_best(progress.best_step)
         return progress
+
+    def relink_last(self, path: Path, step: int) -> None:
+        """last.pt at the checkpoint resumed, `path` of update `step` (rank 0 decides, every
+        rank learns: saved_step says whether the end must write a checkpoint); where `path`
+        lies outside this run's folder, the end writes one even with no update done."""
+        holds = 0.0
+        if self.ranks.is_main:
+            holds = float(self.folder.point_last_at(path, step))
+        (holds,) = self.ranks.broadcast([holds])
+        self.saved_step = step if holds else -1
+        self.last_save_time = time.monotonic()
 
     def relink_best(self, best_step: int | None) -> None:
         """The best checkpoint's link at the checkpoint of the recorded best score (rank 0; see

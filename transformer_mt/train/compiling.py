@@ -1,18 +1,16 @@
 """What torch.compile did in a training run (graphs compiled, recompiles), for the log and
 TensorBoard. Whether a run compiles, and auto's rule, is the execution policy's
-(transformer_mt/execution.py: should_compile).
+(transformer_mt/execution.py: should_compile); where its cache lies, train/compile_cache.py.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 if TYPE_CHECKING:
     from torch._dynamo.callback import CallbackArgs
@@ -127,28 +125,3 @@ class CompileWatch:
                 torch._dynamo.config.recompile_limit,
             )
         return counts
-
-
-CACHE_SETTING = "TORCHINDUCTOR_CACHE_DIR"
-
-
-def use_compile_cache(folder: Path) -> Path:
-    """Keep torch.compile's cache (Inductor's graphs and kernels, Triton's among them) in
-    `folder`, the run folder's, so that a resumed run, on this machine or another that shares
-    the folder, finds its kernels compiled instead of compiling them again (the default, a
-    folder of /tmp, is neither shared nor kept). A cache the user chose (TORCHINDUCTOR_CACHE_DIR)
-    is kept (torch's own default, which torch writes into the variable, is not a choice).
-    Logged with what the folder already holds. Returns the folder in use."""
-    chosen = os.environ.get(CACHE_SETTING)
-    if chosen is not None and Path(chosen) in (Path(default_cache_dir()), folder.resolve()):
-        # torch writes its default into the variable when it first uses it; the folder's own
-        # path is what an earlier start in this process set
-        chosen = None
-    if chosen is None:
-        folder.mkdir(parents=True, exist_ok=True)
-        os.environ[CACHE_SETTING] = str(folder.resolve())
-    in_use = Path(os.environ[CACHE_SETTING])
-    files = sum(1 for path in in_use.rglob("*") if path.is_file()) if in_use.is_dir() else 0
-    whose = "set by TORCHINDUCTOR_CACHE_DIR" if chosen is not None else "the run folder's"
-    log.info("torch.compile's cache: %s (%s; %d files from earlier starts)", in_use, whose, files)
-    return in_use

@@ -35,7 +35,7 @@ from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.checkpointer import Checkpointer, TrainingParts
-from transformer_mt.train.compiling import use_compile_cache
+from transformer_mt.train.compile_cache import named_compile_failure, use_compile_cache
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
 from transformer_mt.train.flops import update_flops
 from transformer_mt.train.loader_workers import start_worker, worker_batches, worker_context
@@ -95,8 +95,9 @@ class Trainer:
             if policy.compile
             else self.loss_module
         )
+        self.compile_cache = None  # where torch.compile keeps its kernels (rank 0's, if it does)
         if policy.compile and self.ranks.is_main:
-            use_compile_cache(run.compile_cache)
+            self.compile_cache = use_compile_cache(policy, run.old_compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.dtype == torch.float16)
         self.plan = plan_batches(
@@ -405,18 +406,25 @@ class Trainer:
     def fit(self) -> str:
         """Train until a stopping rule fires, then validate and save the end state (unless a stop
         signal leaves no time for it, as all ranks agree); return the rule that fired. The
-        TensorBoard writer is closed however it ends."""
+        TensorBoard writer is closed however it ends. Stop signals are caught until the end
+        state is saved: one that comes during the final validation lets it finish and save."""
         try:
-            reason = self.run_until_stopped()
-            log.info(
-                "stopped: %s after %d updates, %.1f min of training",
-                reason,
-                self.progress.step,
-                self.progress.train_seconds / 60,
-            )
-            if not self.stop_signalled:
-                self.finish()
+            with self.signals:
+                reason = self.run_until_stopped()
+                log.info(
+                    "stopped: %s after %d updates, %.1f min of training",
+                    reason,
+                    self.progress.step,
+                    self.progress.train_seconds / 60,
+                )
+                if not self.stop_signalled:
+                    self.finish()
             return reason
+        except Exception as error:
+            failure = named_compile_failure(error, self.compile_cache)  # None: not torch.compile's
+            if failure is None:
+                raise
+            raise failure from error
         finally:
             if self.metrics:
                 self.metrics.close()
@@ -443,8 +451,7 @@ class Trainer:
         )
         stream = self.micro_batches()
         try:
-            with self.signals:
-                return self.run_updates(stream, bar)
+            return self.run_updates(stream, bar)
         finally:
             stream.close()  # ends the DataLoader's worker processes
             bar.close()

@@ -1,0 +1,115 @@
+"""The checkpoint folder after faults and unusual settings: last.pt left behind by a kill, a
+branch started with trainer.resume_from, keep_checkpoints=0, a stop signal during the final
+validation."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pytest
+import torch
+
+from transformer_mt.checkpoint import step_checkpoints
+from transformer_mt.commands.train import train
+from transformer_mt.run_dir import RunDir
+from transformer_mt.train.trainer import Trainer
+
+QUICK = [
+    "trainer.valid_every=0",
+    "trainer.valid_bleu_sentences=0",
+    "trainer.checkpoint_every=2",
+    "trainer.checkpoint_every_minutes=0",
+]
+
+
+def step_of(path) -> int:
+    return torch.load(path, weights_only=True)["step"]
+
+
+def step_files(folder) -> list[str]:
+    return [path.name for path in step_checkpoints(folder)]
+
+
+def test_a_rerun_points_a_stale_last_pt_at_the_checkpoint_it_resumes(tiny_train_job):
+    """A kill between the final step_N.pt and the link of last.pt leaves last.pt at an older
+    update; eval, translate, export and serve read last.pt. The rerun resumes step_N.pt and
+    must point last.pt at it, though it has no update left to do."""
+    job = tiny_train_job(*QUICK, "trainer.max_steps=4")
+    folder = RunDir(job.run_dir).checkpoints
+    train(job)
+    os.unlink(folder.last)
+    os.link(folder.step_file(2), folder.last)  # what the kill leaves
+    assert step_of(train(job)) == 4
+    assert os.path.samefile(folder.last, folder.step_file(4))
+
+
+def test_a_branch_from_resume_from_is_what_the_next_plain_rerun_continues(tiny_train_job, caplog):
+    """trainer.resume_from=step_2.pt abandons updates 3-6: their step files (and best.pt,
+    which pointed at one) are set aside, so the next plain rerun continues the branch (not the
+    old step_6.pt) and averaging never mixes the two."""
+    job = tiny_train_job(*QUICK, "trainer.max_steps=6")
+    folder = RunDir(job.run_dir).checkpoints
+    train(job)
+    branch = f"trainer.resume_from={folder.step_file(2)}"
+    assert step_of(train(tiny_train_job(*QUICK, "trainer.max_steps=3", branch))) == 3
+    assert step_files(folder.path) == ["step_2.pt", "step_3.pt"]
+    assert sorted(p.name for p in folder.path.glob("*.abandoned.pt")) == [
+        "best.abandoned.pt",  # it was step_6.pt, the abandoned branch's final validation
+        "step_4.abandoned.pt",
+        "step_6.abandoned.pt",
+    ]
+    assert os.path.samefile(folder.best, folder.step_file(3))  # the branch's own best
+    with caplog.at_level(logging.INFO):
+        train(tiny_train_job(*QUICK, "trainer.max_steps=5"))
+    assert f"resumed from {folder.step_file(3)} at update 3" in caplog.text
+    assert step_of(folder.last) == 5
+    assert [p.name for p in folder.newest_steps(3)] == ["step_3.pt", "step_4.pt", "step_5.pt"]
+
+
+def test_keep_checkpoints_0_keeps_last_pt_alone_and_resumes_from_it(tiny_train_job, caplog):
+    job = tiny_train_job(*QUICK, "trainer.max_steps=4", "trainer.keep_checkpoints=0")
+    folder = RunDir(job.run_dir).checkpoints
+    with caplog.at_level(logging.INFO):
+        assert step_of(train(job)) == 4
+    assert "wrote last.pt" in caplog.text
+    assert step_files(folder.path) == [] and folder.last.is_file()
+    more = tiny_train_job(*QUICK, "trainer.max_steps=6", "trainer.keep_checkpoints=0")
+    assert step_of(train(more)) == 6
+
+
+class Died(Exception):
+    """What the test's own SIGTERM handler raises: the signal reached the process's previous
+    handler, as it would kill a real one."""
+
+
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_signal_during_the_final_validation_still_writes_the_last_checkpoint(
+    tiny_train_job, monkeypatch, stop_signal
+):
+    """training.md#pre-emption: SIGTERM or a first Ctrl-C writes a checkpoint and exits
+    cleanly, also after "stopped: reached trainer.max_steps", while the final validation runs
+    (with no checkpoint for updates 1-3 yet: each would be lost)."""
+
+    def died(signum, frame):
+        raise Died(signal.Signals(signum).name)
+
+    monkeypatch.setattr(signal, "default_int_handler", died)  # a second Ctrl-C's handler
+    previous = signal.signal(stop_signal, died)
+    validate = Trainer.validate_and_judge
+
+    def validate_with_a_signal(trainer: Trainer):
+        os.kill(os.getpid(), stop_signal)  # delivered before the next line runs
+        return validate(trainer)
+
+    monkeypatch.setattr(Trainer, "validate_and_judge", validate_with_a_signal)
+    job = tiny_train_job(
+        "trainer.valid_every=0", "trainer.valid_bleu_sentences=2", "trainer.max_steps=3",
+        "trainer.checkpoint_every=0", "trainer.checkpoint_every_minutes=0",
+    )  # fmt: skip
+    try:
+        assert step_of(train(job)) == 3
+    finally:
+        signal.signal(stop_signal, previous)
+    assert RunDir(job.run_dir).history()[-1]["how"] == "finished"
