@@ -265,6 +265,7 @@ def test_a_cache_planted_in_the_run_folder_runs_nothing(
     assert f"torch.compile failed (its cache: {in_use})" in error
     assert f"delete {in_use} to compile afresh" in error and "Traceback" not in result.stderr
 
+
 def compile_id(frame: int, compilation: int):
     """What Dynamo's end-of-compilation callback receives for `compilation` of `frame`."""
     return SimpleNamespace(
