@@ -93,7 +93,7 @@ def test_the_training_step_runs_under_trainer_sdpa_backends(tiny_train_job):
     data = prepare(job.data)
     trainer = trainer_for(job, data)
     trainer.metrics.close()
-    batch = next(iter(trainer.epoch_loader()))
+    batch = next(iter(trainer.batches.epoch_loader()))
     with pytest.raises(RuntimeError, match=NO_CPU_KERNEL):
         trainer.train_step([batch])
     job.trainer.sdpa_backends = [SdpaBackend.flash, SdpaBackend.math]

@@ -7,8 +7,13 @@ import pickle
 import pytest
 import torch
 
+from transformer_mt.checkpoint import (
+    Progress,
+    load_checkpoint,
+    prune_step_checkpoints,
+    save_checkpoint,
+)
 from transformer_mt.checkpoint import format as checkpoint_format
-from transformer_mt.checkpoint import load_checkpoint, prune_step_checkpoints, save_checkpoint
 from transformer_mt.errors import CheckpointError, DamagedCheckpoint
 
 STATE = {"model": {"w": torch.ones(3)}, "model_config": {"d_model": 8}, "vocab_size": 10, "step": 7}
@@ -140,3 +145,28 @@ def test_damaged_step_files_are_kept_aside_under_names_the_folder_never_takes(tm
     assert step_checkpoints(tmp_path) == [tmp_path / "step_2.pt"]  # never resumed or pruned
     prune_step_checkpoints(tmp_path, keep=0)
     assert len(list(tmp_path.glob("*.damaged*.pt"))) == 3
+
+
+# Where training stands, as checkpoints have always saved it (one flat record, in this order).
+SAVED_PROGRESS = {
+    "step": 7,
+    "epoch": 1,
+    "batch_in_epoch": 3,
+    "batches_in_epoch": 10,
+    "layout": [1, 1500],
+    "train_seconds": 12.5,
+    "skipped_updates": 2,
+    "best_score": -3.25,
+    "best_step": 6,
+    "validations_without_improvement": 1,
+}
+
+
+def test_the_progress_split_by_owner_saves_the_record_checkpoints_always_held():
+    progress = Progress.from_state(SAVED_PROGRESS)
+    assert (progress.step, progress.counts.train_seconds) == (7, 12.5)  # the loop's
+    assert (progress.position.epoch, progress.position.batch_in_epoch) == (1, 3)  # the batches'
+    assert (progress.validation.best_score, progress.validation.best_step) == (-3.25, 6)
+    assert list(progress.as_state().items()) == list(SAVED_PROGRESS.items())
+    older = Progress.from_state({"step": 4, "epoch": 2})  # fields it lacked: their defaults
+    assert (older.step, older.position.epoch, older.validation.best_score) == (4, 2, None)

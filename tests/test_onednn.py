@@ -118,7 +118,7 @@ def test_the_training_step_multiplies_as_trainer_cpu_linear_says(
     monkeypatch.setattr(
         onednn, "packed_product", lambda x, *a, **k: rows.append(len(x)) or product(x, *a, **k)
     )
-    assert torch.isfinite(trainer.train_step([next(iter(trainer.epoch_loader()))]).loss)
+    assert torch.isfinite(trainer.train_step([next(iter(trainer.batches.epoch_loader()))]).loss)
     assert bool(rows) == (setting == CpuLinear.onednn)
     # In steps of ROW_STEP rows, so that few kernels are made and cached (onednn.py).
     assert all(count % onednn.ROW_STEP == 0 for count in rows)

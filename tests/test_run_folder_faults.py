@@ -110,12 +110,12 @@ def test_a_resume_points_best_pt_at_the_recorded_best(tiny_train_job, tmp_path):
 
 def test_a_nan_validation_never_becomes_the_best_score(tiny_train_job, monkeypatch):
     job = tiny_train_job("trainer.valid_bleu_sentences=0")
-    trainer = trainer_for(job)
+    validator = trainer_for(job).validator
     losses = iter([float("nan"), 3.0, float("nan"), 4.0, 2.5])
-    monkeypatch.setattr(trainer, "validate", lambda: ValidationScores(loss=next(losses), nll=0.0))
-    judged = [trainer.validate_and_judge()[0] for _ in range(5)]
+    monkeypatch.setattr(validator, "scores", lambda: ValidationScores(loss=next(losses), nll=0.0))
+    judged = [validator.run(step).improved for step in range(1, 6)]
     assert judged == [False, True, False, False, True]
-    assert trainer.progress.best_score == -2.5
+    assert (validator.progress.best_score, validator.progress.best_step) == (-2.5, 5)
 
 
 @pytest.mark.slow

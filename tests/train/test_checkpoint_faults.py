@@ -97,13 +97,13 @@ def test_a_stop_signal_during_the_final_validation_still_writes_the_last_checkpo
 
     monkeypatch.setattr(signal, "default_int_handler", died)  # a second Ctrl-C's handler
     previous = signal.signal(stop_signal, died)
-    validate = Trainer.validate_and_judge
+    validate = Trainer.validate
 
     def validate_with_a_signal(trainer: Trainer):
         os.kill(os.getpid(), stop_signal)  # delivered before the next line runs
         return validate(trainer)
 
-    monkeypatch.setattr(Trainer, "validate_and_judge", validate_with_a_signal)
+    monkeypatch.setattr(Trainer, "validate", validate_with_a_signal)
     job = tiny_train_job(
         "trainer.valid_every=0", "trainer.valid_bleu_sentences=2", "trainer.max_steps=3",
         "trainer.checkpoint_every=0", "trainer.checkpoint_every_minutes=0",

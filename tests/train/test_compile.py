@@ -343,5 +343,5 @@ def test_validation_runs_the_compiled_models_layers_eagerly(eager_compile, tiny_
     trainer.train_step([collate(data, indices[0], pad_id=0, bos_id=2, eos_id=3)])
     trained = CompileCounts.now().graphs
     assert trained > 0
-    scores = trainer.validate()
+    scores = trainer.validator.scores()
     assert CompileCounts.now().graphs == trained and math.isfinite(scores.loss)

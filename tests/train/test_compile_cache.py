@@ -128,6 +128,6 @@ def test_a_failure_of_torch_compile_is_one_line_naming_its_cache(tiny_train_job,
     def compiling_fails():
         raise InductorError(OSError(errno.ENOSPC, "No space left on device"), None)
 
-    monkeypatch.setattr(trainer, "run_until_stopped", compiling_fails)
+    monkeypatch.setattr(trainer, "run_updates", compiling_fails)
     with pytest.raises(TransformerMTError, match="torch.compile failed: OSError"):
         trainer.fit()

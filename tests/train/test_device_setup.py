@@ -116,11 +116,11 @@ def built_trainer(job, data, ranks: Ranks | None = None) -> Trainer:
 
 
 def first_updates(trainer: Trainer, count: int) -> list[list]:
-    stream = trainer.micro_batches()
-    return [
-        [batch for batch, _ in itertools.islice(stream, trainer.plan.accumulation)]
-        for _ in range(count)
-    ]
+    updates = trainer.batches.updates()
+    try:
+        return [batches for batches, _ in itertools.islice(updates, count)]
+    finally:
+        updates.close()
 
 
 def test_ddp_gradients_stay_views_of_its_buckets_and_train_as_one_process(

@@ -297,10 +297,10 @@ def count_update_collectives(rank: int) -> None:
         setattr(dist, name, counting(name))
     run_updates, train_step = Trainer.run_updates, Trainer.train_step
 
-    def counted_loop(trainer, stream, bar):
+    def counted_loop(trainer):
         inside[0] = True
         try:
-            return run_updates(trainer, stream, bar)
+            return run_updates(trainer)
         finally:
             inside[0] = False
             Path(trainer.cfg.run_dir, f"rank{rank}.collectives").write_text(json.dumps(counts))

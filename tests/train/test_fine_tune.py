@@ -4,7 +4,6 @@ a fresh optimizer and schedule; and data.spm_model, an existing tokenizer for an
 from __future__ import annotations
 
 import dataclasses
-import itertools
 
 import pytest
 import torch
@@ -79,8 +78,9 @@ def test_fine_tuning_starts_from_the_parent_and_beats_it_and_a_model_from_scratc
     probe_job = dataclasses.replace(child_job, run_dir=str(tmp_path / "probe"))
     probe = trainer_for(probe_job, data)
     probe.metrics.close()
-    planned = itertools.islice(probe.micro_batches(), probe.plan.accumulation)
-    batches = [batch for batch, _ in planned]  # (batch, all ranks' tokens at its place)
+    updates = probe.batches.updates()
+    batches, _ = next(updates)  # the first update's micro-batches, all ranks' tokens
+    updates.close()
     parent_state = torch.load(parent_last, weights_only=True)
     parent = model_from_checkpoint(parent_state, parent_last, RunDir(parent_run).tokenizers())
     parent.eval()

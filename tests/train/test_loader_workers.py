@@ -22,7 +22,7 @@ from toy_runs import trainer_for
 
 from transformer_mt.data.batching import BatchDataset
 from transformer_mt.errors import TransformerMTError
-from transformer_mt.train import trainer as trainer_module
+from transformer_mt.train import batches as batches_module
 from transformer_mt.train.signals import STOP_SIGNALS
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux's")
@@ -45,7 +45,7 @@ def test_a_worker_is_not_a_fork_of_the_trainer_and_collates_the_same_batches(tin
     job = tiny_train_job("trainer.loader_workers=1")
     trainer = trainer_for(job)
     trainer.metrics.close()
-    loader = trainer.epoch_loader()
+    loader = trainer.batches.epoch_loader()
     assert loader.multiprocessing_context.get_start_method() == "forkserver"
     batches = iter(loader)
     (worker,) = batches._workers
@@ -108,10 +108,10 @@ def test_a_worker_killed_by_the_oom_killer_stops_training_with_what_to_do(
     tiny_train_job, monkeypatch
 ):
     job = tiny_train_job("trainer.loader_workers=1")
-    monkeypatch.setattr(trainer_module, "BatchDataset", KilledOnThirdBatch)
+    monkeypatch.setattr(batches_module, "BatchDataset", KilledOnThirdBatch)
     trainer = trainer_for(job)
     trainer.metrics.close()
-    stream = trainer.micro_batches()
+    stream = trainer.batches.micro_batches()
     with pytest.raises(TransformerMTError) as stopped:
         for _ in itertools.islice(stream, 1000):  # a bound, should the worker never die
             pass

@@ -10,11 +10,14 @@ import pytest
 import torch
 from toy_runs import trainer_for
 
+from transformer_mt.checkpoint import Progress
 from transformer_mt.checkpoint import format as checkpoint_module  # the module that saves
 from transformer_mt.commands.train import train
 from transformer_mt.errors import CheckpointError, ConfigError
+from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.loss import TrainingLoss
 from transformer_mt.train.schedule import inverse_sqrt_lr
+from transformer_mt.train.stopping import StopRules
 
 QUICK = ["trainer.valid_every=0", "trainer.valid_bleu_sentences=0", "trainer.log_every=1"]
 
@@ -222,6 +225,26 @@ def test_patience_stops_when_validation_bleu_does_not_improve(tiny_train_job, ca
     assert load(last.parent / "best.pt")["step"] == 2
 
 
+def test_max_epochs_ends_the_data_with_the_epoch_and_names_the_reason(tiny_train_job):
+    """The last update of the last epoch holds the micro-batches left (none taken from the
+    next epoch); the run stops there, saved at the start of the next epoch."""
+    job = tiny_train_job(
+        "data.toy_sizes=[300,40,40]",
+        "trainer.batch_tokens=600",  # 3 micro-batches an update
+        "trainer.max_steps=0",
+        "trainer.max_epochs=1",
+        *QUICK,
+    )
+    state = load(train(job))
+    trainer = trainer_for(job)
+    trainer.metrics.close()
+    accumulation, progress = trainer.plan.accumulation, state["progress"]
+    assert progress["batches_in_epoch"] % accumulation  # so the last update is a short one
+    assert state["step"] == -(-progress["batches_in_epoch"] // accumulation)
+    assert (progress["epoch"], progress["batch_in_epoch"]) == (1, 0)
+    assert trainer.run.history()[-1]["reason"] == "reached trainer.max_epochs=1"
+
+
 def test_time_based_checkpoints(tiny_train_job):
     job = tiny_train_job(
         "trainer.max_steps=3",
@@ -252,13 +275,17 @@ def test_fp16_skips_while_the_scale_calibrates_and_stops_only_when_it_collapses(
     job = tiny_train_job("trainer.precision=fp16", "trainer.max_nonfinite_updates=10")
     trainer = trainer_for(job)
     trainer.metrics.close()
+    rules = trainer.stop_rules  # reading the trainer's scaler
     assert trainer.scaler.is_enabled()
     set_scale(trainer.scaler, 16.0)  # where 12 overflows in a row take 65536
-    assert trainer.nonfinite_stop(in_a_row=12) is None
+    rules.check_gradients(in_a_row=12)
+    assert rules.reason(trainer.progress) is None
     set_scale(trainer.scaler, 6.1e-5)
-    assert "the fp16 loss scale fell to 6.1e-05" in trainer.nonfinite_stop(in_a_row=30)
-    fp32 = tiny_train_job("trainer.max_nonfinite_updates=10")
-    trainer = trainer_for(fp32)
-    trainer.metrics.close()
-    assert trainer.nonfinite_stop(in_a_row=9) is None
-    assert "10 updates in a row" in trainer.nonfinite_stop(in_a_row=10)
+    rules.check_gradients(in_a_row=30)
+    assert "the fp16 loss scale fell to 6.1e-05" in rules.reason(trainer.progress)
+    fp32 = tiny_train_job("trainer.max_nonfinite_updates=10").trainer
+    rules = StopRules(fp32, Ranks(), torch.amp.GradScaler("cpu", enabled=False))
+    rules.check_gradients(in_a_row=9)
+    assert rules.reason(Progress()) is None
+    rules.check_gradients(in_a_row=10)
+    assert "10 updates in a row" in rules.reason(Progress())

@@ -32,7 +32,7 @@ def test_validation_and_checkpoints_do_not_lower_the_throughput_of_their_window(
     monkeypatch.setattr(trainer_module, "time", clock)
     monkeypatch.setattr(monitor, "time", clock)
     monkeypatch.setattr(checkpointer_module, "time", clock)
-    train_step, validate, save = Trainer.train_step, Trainer.validate_and_judge, Checkpointer.save
+    train_step, validate, save = Trainer.train_step, Trainer.validate, Checkpointer.save
 
     def one_second_update(self, *args):
         stats = train_step(self, *args)
@@ -50,7 +50,7 @@ def test_validation_and_checkpoints_do_not_lower_the_throughput_of_their_window(
         return path
 
     monkeypatch.setattr(Trainer, "train_step", one_second_update)
-    monkeypatch.setattr(Trainer, "validate_and_judge", slow_validation)
+    monkeypatch.setattr(Trainer, "validate", slow_validation)
     monkeypatch.setattr(Checkpointer, "save", slow_save)
     windows = []
     window_stats = WindowStats.of

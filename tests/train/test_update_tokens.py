@@ -33,12 +33,13 @@ def test_the_stream_gives_each_batch_the_tokens_it_holds_on_one_rank(tiny_train_
     job = tiny_train_job("trainer.batch_tokens=600", "trainer.valid_bleu_sentences=0")
     trainer = trainer_for(job)
     trainer.metrics.close()
-    stream, seen, first_epoch = trainer.micro_batches(), 0, 0
+    stream, seen, first_epoch = trainer.batches.micro_batches(), 0, 0
+    position = trainer.batches.position
     for batch, tokens in stream:  # across an epoch's end, into the next
         assert tokens == batch.n_tgt_tokens
-        first_epoch = first_epoch or trainer.progress.batches_in_epoch
+        first_epoch = first_epoch or position.batches_in_epoch
         seen += 1
-        if trainer.progress.epoch == 1 and trainer.progress.batch_in_epoch == 3:
+        if position.epoch == 1 and position.batch_in_epoch == 3:
             break
     assert seen == first_epoch + 3
     stream.close()

@@ -1,8 +1,9 @@
 """The checkpoint, in one place: its format (`format`: one dict of plain values and tensors,
 written atomically, read with weights_only=True), its record (`record`: what the checkpoint's
 model is and what it was trained on, and the one check of whether it fits, for a purpose), the
-training state it carries (`training_state`: progress, optimizer, schedule, scaler, RNG), the
-folder of a run's checkpoints (`folder`: the only module that names its files) and averaging."""
+training state it carries (`training_state`: progress by owner, optimizer, schedule, scaler,
+RNG), the folder of a run's checkpoints (`folder`: the only module that names its files) and
+averaging."""
 
 from transformer_mt.checkpoint.average import AVERAGED_FROM, average_checkpoints, check_compatible
 from transformer_mt.checkpoint.folder import (
@@ -24,7 +25,14 @@ from transformer_mt.checkpoint.record import (
     decoded_record,
     model_from_checkpoint,
 )
-from transformer_mt.checkpoint.training_state import Progress, RngStates, TrainingState
+from transformer_mt.checkpoint.training_state import (
+    DataPosition,
+    Progress,
+    RngStates,
+    TrainingState,
+    UpdateCounts,
+    ValidationProgress,
+)
 
 __all__ = [
     "AVERAGED_FROM",
@@ -33,11 +41,14 @@ __all__ = [
     "Checkpoint",
     "CheckpointFolder",
     "CheckpointRecord",
+    "DataPosition",
     "Mismatch",
     "Progress",
     "Purpose",
     "RngStates",
     "TrainingState",
+    "UpdateCounts",
+    "ValidationProgress",
     "average_checkpoints",
     "check_compatible",
     "check_fits",

@@ -20,28 +20,68 @@ from transformer_mt.errors import CheckpointError
 
 
 @dataclass
-class Progress:
-    """Where training stands; saved in every training checkpoint (train/trainer.py moves it)."""
+class UpdateCounts:
+    """What the training loop counts (train/trainer.py owns it)."""
 
     step: int = 0
+    train_seconds: float = 0.0
+    skipped_updates: int = 0  # non-finite gradients
+
+
+@dataclass
+class DataPosition:
+    """Where the data stream stands (train/batches.py owns it)."""
+
     epoch: int = 0
     batch_in_epoch: int = 0  # this rank's position in the epoch's batch list
     batches_in_epoch: int = 0  # length of that list
-    layout: list[int] = field(default_factory=list)  # [world_size, micro_batch_tokens]
-    train_seconds: float = 0.0
-    skipped_updates: int = 0  # non-finite gradients
+    layout: list[int] = field(default_factory=list)  # [world_size, micro_batch_tokens(, 1)]
+
+
+@dataclass
+class ValidationProgress:
+    """The best validation score and the patience spent (train/validation.py owns it)."""
+
     best_score: float | None = None  # validation BLEU, or -loss when BLEU is off
     best_step: int | None = None  # the update best_score was measured at
     validations_without_improvement: int = 0
 
+
+@dataclass
+class Progress:
+    """Where training stands, saved in every training checkpoint: assembled from the parts that
+    own each piece (the trainer's counts, the batches' position, the validator's best score),
+    saved as one flat record whose keys are the same as before the split."""
+
+    counts: UpdateCounts = field(default_factory=UpdateCounts)
+    position: DataPosition = field(default_factory=DataPosition)
+    validation: ValidationProgress = field(default_factory=ValidationProgress)
+
+    @property
+    def step(self) -> int:
+        return self.counts.step
+
     @classmethod
     def from_state(cls, saved: dict) -> Progress:
         """The progress a checkpoint saved (a field an older version lacked: its default)."""
-        known = {name: saved[name] for name in cls.__dataclass_fields__ if name in saved}
-        return cls(**known)
+
+        def part(kind: type):
+            return kind(
+                **{name: saved[name] for name in kind.__dataclass_fields__ if name in saved}
+            )
+
+        return cls(part(UpdateCounts), part(DataPosition), part(ValidationProgress))
 
     def as_state(self) -> dict:
-        return dict(vars(self))
+        """The flat record a checkpoint holds, in the order it always had."""
+        counts, position = vars(self.counts), vars(self.position)
+        return {
+            "step": counts["step"],
+            **position,
+            "train_seconds": counts["train_seconds"],
+            "skipped_updates": counts["skipped_updates"],
+            **vars(self.validation),
+        }
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ def model_card(run: RunDir, loaded: LoadedCheckpoint) -> transformers_export.Mod
     return transformers_export.ModelCard(
         checkpoint=str(loaded.path),
         step=loaded.step,
-        train_seconds=None if progress is None else progress.train_seconds,
+        train_seconds=None if progress is None else progress.counts.train_seconds,
         corpus=corpus_identity(loaded.data),
         data=config_dict(loaded.data),
         test_scores=json.loads(scores.read_text(encoding="utf-8")) if scores.is_file() else None,

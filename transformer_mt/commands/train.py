@@ -162,10 +162,10 @@ def train_started(
             record_end(run, end_record("error", describe_error(error), step))
         raise
     if ranks.is_main:
-        how = "stop signal" if trainer.stop_signalled else "finished"
+        how = "stop signal" if trainer.stop_rules.signalled else "finished"
         record = end_record(how, reason, trainer.progress.step)
         run.append_history(record | best_record(trainer))
-    return run.checkpoints.last, trainer.signals.received
+    return run.checkpoints.last, trainer.stop_rules.signals.received
 
 
 def fit_naming_out_of_memory(trainer: Trainer) -> str:
@@ -287,9 +287,8 @@ def best_record(trainer: Trainer) -> dict:
     """The run's best validation score, by which best.pt is chosen (what tmt-train returns to
     Hydra, so that a sweeper can optimise it): valid BLEU where it is computed, else minus the
     valid loss; None before any validation."""
-    progress = trainer.progress
-    metric = "valid BLEU" if trainer.valid_bleu is not None else "-valid loss"
-    return {"best": {"score": progress.best_score, "step": progress.best_step, "metric": metric}}
+    best, metric = trainer.validator.progress, trainer.validator.metric
+    return {"best": {"score": best.best_score, "step": best.best_step, "metric": metric}}
 
 
 def describe_error(error: BaseException) -> str:

@@ -19,6 +19,7 @@ from transformer_mt.checkpoint import (
     Progress,
     RngStates,
     TrainingState,
+    UpdateCounts,
 )
 from transformer_mt.config import TrainerConfig
 from transformer_mt.errors import CheckpointError
@@ -39,9 +40,8 @@ class TrainingParts:
 
 
 class Checkpointer:
-    """Saving (every trainer.checkpoint_every updates but never within checkpoint_min_seconds
-    of the previous checkpoint, every checkpoint_every_minutes, and when the trainer asks),
-    resuming and pruning the checkpoints of one run."""
+    """When to save and the saving (`save_if_due`: the one place that decides it), resuming,
+    and pruning the checkpoints of one run."""
 
     def __init__(
         self,
@@ -60,6 +60,30 @@ class Checkpointer:
         self.skipped_one = False  # a checkpoint_every checkpoint skipped (logged once)
 
     # ---- saving ------------------------------------------------------------------------------
+    def save_if_due(
+        self,
+        progress: Progress,
+        *,
+        improved: bool = False,
+        stopping: bool = False,
+        clock_due: bool = False,
+        last: bool = False,
+    ) -> None:
+        """Write the checkpoint of this update where a reason holds: a new best validation score
+        (`improved`), a stop signal (`stopping`), rank 0's trainer.checkpoint_every_minutes clock
+        as the ranks agreed it (`clock_due`: StopRules.agree), a trainer.checkpoint_every update
+        spaced enough from the previous checkpoint (`periodic_due`); and the `last` update, the
+        run's end state, where last.pt does not hold it yet. A collective: every rank calls it
+        with the same arguments (each agreed)."""
+        if improved or stopping or clock_due:
+            due = True
+        elif last:
+            due = self.saved_step != progress.step
+        else:
+            due = self.periodic_due(progress.step)
+        if due:
+            self.save(progress, best=improved)
+
     def state(self, progress: Progress) -> dict:
         """The run's whole state as a checkpoint's dict; a collective (every rank's RNG)."""
         parts = self.parts
@@ -99,7 +123,7 @@ class Checkpointer:
         """Whether update `step` is one trainer.checkpoint_every asks a checkpoint at, and
         trainer.checkpoint_min_seconds have passed since the last checkpoint by rank 0's clock.
         At such updates a collective (a broadcast of rank 0's answer), which every rank meets at
-        the same update: the trainer asks only where the agreed reasons to save are all false."""
+        the same update: save_if_due asks only where the agreed reasons to save are all false."""
         every = self.settings.checkpoint_every
         if not every or step % every:
             return False
@@ -127,7 +151,7 @@ class Checkpointer:
 
     def time_due(self) -> bool:
         """Whether trainer.checkpoint_every_minutes have passed since the last checkpoint (this
-        rank's clock: the trainer has the ranks agree on rank 0's)."""
+        rank's clock: the ranks agree on rank 0's, StopRules.agree)."""
         minutes = self.settings.checkpoint_every_minutes
         return bool(minutes) and time.monotonic() - self.last_save_time >= 60 * minutes
 
@@ -153,11 +177,11 @@ class Checkpointer:
             raise CheckpointError(f"{path}: cannot continue from it: {error}") from error
         if state.scaler:
             parts.scaler.load_state_dict(state.scaler)
-        progress = checkpoint.record.progress or Progress(step=checkpoint.record.step)
+        progress = checkpoint.record.progress or Progress(UpdateCounts(step=checkpoint.record.step))
         if not restore_rng(state.rng, self.ranks, self.device, self.settings.seed, progress.step):
             log.warning("another number of ranks: dropout draws fresh random numbers")
         self.relink_last(path, progress.step)
-        self.relink_best(progress.best_step)
+        self.relink_best(progress.validation.best_step)
         return progress
 
     def relink_last(self, path: Path, step: int) -> None:

@@ -28,23 +28,22 @@ class TrainingMetrics:
         self.peak_flops = peak_flops(name) if name else None
         self.compile_watch = CompileWatch() if compiled else None
 
-    def window(
-        self, updates: list[StepStats], seconds: float, progress: Progress, skipped: int
-    ) -> WindowStats:
-        """Report the updates since the last log (a host sync); `skipped`: non-finite updates
-        so far."""
+    def window(self, updates: list[StepStats], seconds: float, progress: Progress) -> WindowStats:
+        """Report the updates since the last log (a host sync), with the non-finite updates so
+        far."""
         stats = WindowStats.of(updates, seconds, self.peak_flops)
-        scalars = {**stats.scalars(), "skipped_updates": skipped}
+        counts = progress.counts
+        scalars = {**stats.scalars(), "skipped_updates": counts.skipped_updates}
         if self.device.type == "cuda":
             scalars["memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
         for name, value in scalars.items():
             self.writer.add_scalar(f"train/{name}", value, progress.step)
-        log.info("%s", stats.format(progress.step, progress.epoch, progress.train_seconds))
+        log.info("%s", stats.format(progress.step, progress.position.epoch, counts.train_seconds))
         if self.compile_watch is not None:
             self.compile_watch.check(progress.step)  # logs the counts when they changed
-            counts = self.compile_watch.last
-            self.writer.add_scalar("compile/graphs", counts.graphs, progress.step)
-            self.writer.add_scalar("compile/recompiles", counts.recompiles, progress.step)
+            compiled = self.compile_watch.last
+            self.writer.add_scalar("compile/graphs", compiled.graphs, progress.step)
+            self.writer.add_scalar("compile/recompiles", compiled.recompiles, progress.step)
         return stats
 
     def validation(self, scores: ValidationScores, step: int) -> None:

@@ -1,17 +1,26 @@
-"""Validation during training: label-smoothed loss and perplexity on the whole (binarized) valid
-split; BLEU comes from the command, which knows how to translate (commands/train.py)."""
+"""Validation during training: the Validator decides when to validate, measures the
+label-smoothed loss and perplexity on the whole (binarized) valid split, and keeps the best
+score and the patience spent (`ValidationProgress`, saved in every checkpoint). BLEU comes from
+the command, which knows how to translate (commands/train.py); the trainer hands the scores to
+its metrics."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
+from transformer_mt.checkpoint import ValidationProgress
+from transformer_mt.config import TrainerConfig
 from transformer_mt.data.batching import collate, token_batches
 from transformer_mt.data.store import ParallelTokens
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.execution import ExecutionPolicy
+from transformer_mt.model import Transformer
+from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.loss import TrainingLoss
 
 
@@ -67,3 +76,83 @@ def validation_loss(
         nll_sum += float(sums.nll)
         tokens += batch.n_tgt_tokens
     return ValidationScores(loss=loss_sum / tokens, nll=nll_sum / tokens)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a validation decided, the same on every rank: a new best score, the patience used
+    up; and rank 0's scores (None on the other ranks, and where no validation ran)."""
+
+    improved: bool = False
+    exhausted: bool = False
+    scores: ValidationScores | None = None
+
+
+class Validator:
+    """When to validate (every trainer.valid_every updates, and at the end), the valid loss
+    (and BLEU where the command gives a scorer) on rank 0, and the best score and patience."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        loss_of: TrainingLoss,
+        data: ParallelTokens,
+        policy: ExecutionPolicy,
+        ranks: Ranks,
+        settings: TrainerConfig,
+        bleu: Callable[[Transformer], float] | None = None,
+    ):
+        """loss_of: the model's loss as validation runs it (eager: Trainer.validation_loss_module);
+        policy: the training step's, eager; bleu: the BLEU of a model's translations of (part
+        of) the valid split; None: validate the loss only."""
+        self.model, self.loss_of, self.data, self.policy = model, loss_of, data, policy
+        self.ranks, self.settings, self.bleu = ranks, settings, bleu
+        self.progress = ValidationProgress()
+        self.validated_step = -1
+
+    @property
+    def metric(self) -> str:
+        """What the best score measures."""
+        return "-valid loss" if self.bleu is None else "valid BLEU"
+
+    def due(self, step: int, *, last: bool = False) -> bool:
+        """Whether update `step` is validated: every trainer.valid_every updates; the `last`
+        update where it has no validation yet."""
+        if last:
+            return self.validated_step != step
+        every = self.settings.valid_every
+        return bool(every) and step % every == 0
+
+    def run(self, step: int) -> Verdict:
+        """Validate update `step` on rank 0, judge its score, and share the verdict."""
+        improved = exhausted = False
+        scores = None
+        if self.ranks.is_main:
+            scores = self.scores()
+            improved, exhausted = self.judge(scores, step)
+        agreed = self.ranks.broadcast([float(improved), float(exhausted)])
+        self.validated_step = step
+        return Verdict(improved=bool(agreed[0]), exhausted=bool(agreed[1]), scores=scores)
+
+    def scores(self) -> ValidationScores:
+        """The loss (and BLEU) on the valid split (rank 0)."""
+        scores = validation_loss(self.loss_of, self.data, self.settings.batch_tokens, self.policy)
+        if self.bleu is not None:
+            scores = dataclasses.replace(scores, bleu=self.bleu(self.model))
+        return scores
+
+    def judge(self, scores: ValidationScores, step: int) -> tuple[bool, bool]:
+        """(a new best score, patience exhausted): BLEU where it is measured, else minus the
+        loss. A non-finite score (a NaN loss) never improves, so it never becomes the best."""
+        score = scores.bleu if scores.bleu is not None else -scores.loss
+        progress = self.progress
+        improved = math.isfinite(score) and (
+            progress.best_score is None or score > progress.best_score
+        )
+        if improved:
+            progress.best_score, progress.best_step = score, step
+            progress.validations_without_improvement = 0
+        else:
+            progress.validations_without_improvement += 1
+        patience = self.settings.patience
+        return improved, bool(patience) and progress.validations_without_improvement >= patience
