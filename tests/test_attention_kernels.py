@@ -25,7 +25,6 @@ from transformer_mt.config import (
     SdpaBackend,
     Strategy,
     TrainerConfig,
-    validate_train,
 )
 from transformer_mt.data.prepare import prepare
 from transformer_mt.data.tokenizer import PAD_ID
@@ -121,11 +120,11 @@ def tokens(nbest_lists) -> list[list[list[int]]]:
 
 def test_default_goes_alone_and_the_key_steers_a_resume(tiny_train_job):
     with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*got \[default,math\]"):
-        validate_train(tiny_train_job("trainer.sdpa_backends=[default,math]"))
+        tiny_train_job("trainer.sdpa_backends=[default,math]").validate()
     with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*got \[auto,flash\]"):
-        validate_train(tiny_train_job("trainer.sdpa_backends=[auto,flash]"))
+        tiny_train_job("trainer.sdpa_backends=[auto,flash]").validate()
     with pytest.raises(ConfigError, match="'decode.sdpa_backends'"):
-        validate_train(tiny_train_job("decode.sdpa_backends=[]"))
+        tiny_train_job("decode.sdpa_backends=[]").validate()
     with pytest.raises(Exception, match="fast"):  # not a kernel's name: refused when composed
         tiny_train_job("trainer.sdpa_backends=[fast]")
     assert "trainer.sdpa_backends" in STEERING_KEYS  # a resume may turn cuDNN off

@@ -29,7 +29,6 @@ from transformer_mt.config import (
     DecodePrecision,
     Quantize,
     Strategy,
-    validate_decode,
 )
 from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
@@ -315,7 +314,7 @@ class Translator:
         this backend)."""
         if decode is None:
             return self.decode
-        validate_decode(decode)
+        decode.validate()
         device = getattr(self.backend, "device", None)
         if device is not None:  # ours: the attention kernels it may use on its device
             ExecutionPolicy.for_decoding(decode, device)
