@@ -239,7 +239,9 @@ def rank_process(
 
         CheckpointFolder.newest_readable = stale_listing
     job = compose_job("train", [*overrides, *extra])
-    os.environ["TORCHELASTIC_ERROR_FILE"] = str(Path(job.run_dir).with_name(f"rank{rank}.torchrun.json"))
+    os.environ["TORCHELASTIC_ERROR_FILE"] = str(
+        Path(job.run_dir).with_name(f"rank{rank}.torchrun.json")
+    )
     try:
         train(job)
     except TransformerMTError as error:
