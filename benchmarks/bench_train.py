@@ -293,6 +293,7 @@ class PlainRunner(UpdateRunner):
         use_torch_dropout(model)
         super().__init__(job, model, device, "transformer_mt")
         loss = PlainLoss(model, job.optim.label_smoothing)
+        # compiled whole, as the trainer compiled it then (the policy compiles layer by layer now)
         self.loss = torch.compile(loss, dynamic=True) if self.policy.compile else loss
 
     def sums(self, batch: Batch) -> LossSums:
@@ -353,6 +354,7 @@ class MarianRunner(UpdateRunner):
         drop_attention_biases(model)
         model.to(device)
         super().__init__(job, model, device, f"transformers {transformers.__version__}")
+        # compiled whole: Marian has no repeated_layers for the policy's regional compilation
         self.forward = torch.compile(model, dynamic=True) if self.policy.compile else model
 
     def sums(self, batch: Batch) -> LossSums:

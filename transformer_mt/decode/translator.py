@@ -133,12 +133,12 @@ class ModelSearch:
         sampling_seed: int = 1,
         quantize: CpuLinear = CpuLinear.none,
     ):
-        int8 = ExecutionPolicy.for_decoding(DecodeConfig(quantize=quantize), device)  # checked
+        int8 = ExecutionPolicy.for_decoding(DecodeConfig(quantize=quantize), device)  # or refused
         members = as_ensemble(model).models
         for member in members:
             member.to(device).eval()
         self.ensemble, self.quantize = Ensemble(members), quantize
-        if quantize != CpuLinear.none:  # the int8 copies in place of the loaded members
+        if quantize != CpuLinear.none:  # chosen when the model is loaded: the policy's copies now
             describe_int8(quantize)
             self.ensemble = self.with_kernels(int8)
         self.copies: dict[CpuLinear, Ensemble] = {}  # by the policy's products: made once

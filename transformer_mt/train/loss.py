@@ -144,7 +144,7 @@ def compiled_softmax_terms(
     backend: str = "inductor",
 ) -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
     """`softmax_terms` through torch.compile's `backend` (once per process and backend), any
-    number of tokens a chunk."""
+    number of tokens a chunk: how, not whether (the policy's LossChunks.compiled says that)."""
     return torch.compile(softmax_terms, dynamic=True, backend=backend)
 
 
