@@ -24,7 +24,6 @@ from transformer_mt.config import (
     Precision,
     Strategy,
     compose_job,
-    validate_decode,
 )
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.search import Ensemble
@@ -100,7 +99,7 @@ def test_int8_is_refused_on_cuda_and_with_bf16_naming_the_key(random_model):
     with pytest.raises(ConfigError, match=r"'decode\.quantize': int8 runs on the CPU only"):
         ModelSearch(model, torch.device("cuda"), quantize=CpuLinear.int8)
     with pytest.raises(ConfigError, match=r"'decode\.precision': bf16 cannot run int8 weights"):
-        validate_decode(dataclasses.replace(INT8, precision=Precision.bf16))
+        dataclasses.replace(INT8, precision=Precision.bf16).validate()
     with pytest.raises(ConfigError, match=r"'decode\.quantize': int8 is for transformer_mt"):
         translator_from_export("never-read", decode=INT8)  # refused before the folder is read
     job = compose_job("eval", ["run_dir=x", "decode.quantize=int8"])

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.config import TrainJob, validate_train
+from transformer_mt.config import TrainJob
 from transformer_mt.data.prepare import (
     PreparedData,
     open_prepared,
@@ -42,7 +42,7 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     writes files. `overrides`: the command line's, for the run's history. After a stop by
     signal the signal goes on to a launcher's handler, if one was installed (signals.pass_on:
     submitit requeues the job from it)."""
-    validate_train(cfg)
+    cfg.validate()
     ranks, device = start_ranks(
         cfg.trainer.device, cfg.trainer.rank_timeout_minutes, cfg.trainer.num_threads
     )

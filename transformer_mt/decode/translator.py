@@ -32,7 +32,6 @@ from transformer_mt.config import (
     DecodeConfig,
     Precision,
     Strategy,
-    validate_decode,
 )
 from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
@@ -333,7 +332,7 @@ class Translator:
 
     def offered(self, decode: DecodeConfig) -> DecodeConfig:
         """`checked` but for the device: what this backend offers."""
-        validate_decode(decode)
+        decode.validate()
         precisions, quantize = backend_offers(self.backend)
         for key, offered in (("strategy", self.backend.strategies), ("precision", precisions)):
             if getattr(decode, key) not in offered:
