@@ -67,7 +67,9 @@ class GatedEcho:
         self.gate = threading.Event()
         self.searched: list[str] = []
 
-    def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def search(
+        self, sources: list[list[int]], decode: DecodeConfig, policy
+    ) -> list[list[Hypothesis]]:
         self.searched += self.words.decode(sources)
         assert self.gate.wait(timeout=60), "the test never opened the gate"
         return [[Hypothesis(list(source), 0.0)] for source in sources]

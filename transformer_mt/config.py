@@ -56,6 +56,10 @@ class InvalidUtf8(str, Enum):
 
 
 class Precision(str, Enum):
+    """What the model computes in (trainer.precision, decode.precision): auto, the execution
+    policy's choice for the device (execution.autocast_dtype); fp32; bf16 or fp16 autocast
+    (fp16: training only, with its gradient scaler)."""
+
     auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
@@ -90,8 +94,23 @@ class SourceLengths(str, Enum):
 
 
 class CpuLinear(str, Enum):
+    """What multiplies the linear layers (and the output projection) on the CPU, the vocabulary
+    of three keys: trainer.cpu_linear and decode.cpu_linear take onednn (oneDNN's kernel) or
+    torch (F.linear); decode.quantize takes int8 or int8_batch (int8 weights) or none (no int8:
+    the float products decode.cpu_linear takes). The execution policy decides which of torch,
+    onednn, int8 and int8_batch runs on a device (execution.py; never none)."""
+
     onednn = "onednn"
     torch = "torch"
+    int8 = "int8"  # int8 weights, each input row quantized from its own range (int8.py)
+    int8_batch = "int8_batch"  # int8 weights, one scale for a call's input (torch.ao's)
+    none = "none"  # decode.quantize's: no int8 weights
+
+
+FLOAT_PRODUCTS = (CpuLinear.onednn, CpuLinear.torch)
+"""trainer.cpu_linear's and decode.cpu_linear's values."""
+INT8_PRODUCTS = (CpuLinear.int8, CpuLinear.int8_batch)
+"""decode.quantize's values, with none."""
 
 
 class ResumeMode(str, Enum):
@@ -479,6 +498,7 @@ class TrainerConfig:
             f"must be >= 0 (0: torch's default), got {self.num_threads}",
         )
         validate_sdpa_backends(self.sdpa_backends, "trainer.sdpa_backends")
+        validate_cpu_linear(self.cpu_linear, "trainer.cpu_linear")
         compile_setting(self.compile)
         _require(
             self.resume_from is None or self.resume != ResumeMode.never,
@@ -487,16 +507,8 @@ class TrainerConfig:
         )
 
 
-class DecodePrecision(str, Enum):
-    auto = "auto"
-    fp32 = "fp32"
-    bf16 = "bf16"
-
-
-class Quantize(str, Enum):
-    none = "none"
-    int8 = "int8"
-    int8_batch = "int8_batch"
+DECODE_PRECISIONS = (Precision.auto, Precision.fp32, Precision.bf16)
+"""decode.precision's values (fp16 is training's, with its gradient scaler)."""
 
 
 class BatchShape(str, Enum):
@@ -578,14 +590,14 @@ class DecodeConfig:
     """The attention kernels our model's searches may use, as trainer.sdpa_backends ([auto]: our
     order for the device; [default]: torch's own choice); a CTranslate2 export has its own. On
     the CPU the decoder's steps (one query row each) use none: model.attend_few_queries."""
-    precision: DecodePrecision = DecodePrecision.auto
+    precision: Precision = Precision.auto
     """What our model computes in while it searches: auto (bf16 autocast on CUDA, fp32
     elsewhere), fp32, or bf16 (autocast, on any device; on a CPU without bf16 instructions it
     is slower). fp32 on CUDA multiplies matrices in TF32 (torch.backends.cuda.matmul.allow_tf32,
-    which tmt-eval, tmt-translate and tmt-serve turn on with device.use_cuda_device: 10-bit
+    which tmt-eval, tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit
     mantissa inputs, float32 sums). It holds inside an enclosing autocast too. A CTranslate2
     export computes in its own type (auto only)."""
-    quantize: Quantize = Quantize.none
+    quantize: CpuLinear = CpuLinear.none
     """int8: our model's linear layers and its output projection (the shared embedding) with
     int8 weights, quantized when the model is loaded (the checkpoint is unchanged), their inputs
     quantized row by row, each hypothesis's token from its own range: a sentence's translation
@@ -593,7 +605,7 @@ class DecodeConfig:
     quantized with one scale for the whole batch (PyTorch's dynamic quantization, fbgemm's
     kernel): a sentence's translation depends on the sentences batched with it (in a file, in
     the server). Either on the CPU only, in fp32 (not with decode.precision=bf16), each member
-    of an ensemble alike (decode/cpu_linear.py). none: the weights as trained."""
+    of an ensemble alike (execution.decoding_copy). none: the weights as trained."""
     cpu_linear: CpuLinear = CpuLinear.onednn
     """How our model's linear layers multiply when it searches in float32 on the CPU: onednn
     (with weights reordered once for oneDNN's prepacked product, in a copy made at the first such
@@ -655,7 +667,20 @@ class DecodeConfig:
             )
         self._validate_sampling()
         _require(
-            self.quantize == Quantize.none or self.precision != DecodePrecision.bf16,
+            self.precision in DECODE_PRECISIONS,
+            "decode.precision",
+            f"{self.precision.value} is for training (with its gradient scaler); decoding takes "
+            f"{', '.join(p.value for p in DECODE_PRECISIONS)}",
+        )
+        validate_cpu_linear(self.cpu_linear, "decode.cpu_linear")
+        _require(
+            self.quantize in (CpuLinear.none, *INT8_PRODUCTS),
+            "decode.quantize",
+            f"{self.quantize.value} is not a quantization: give none, int8 or int8_batch "
+            "(decode.cpu_linear chooses between onednn and torch)",
+        )
+        _require(
+            self.quantize == CpuLinear.none or self.precision != Precision.bf16,
             "decode.precision",
             "bf16 cannot run int8 weights (decode.quantize=int8 computes in fp32): give auto or "
             "fp32, or decode.quantize=none",
@@ -1067,6 +1092,16 @@ def validate_sdpa_backends(backends: list[SdpaBackend], key: str) -> None:
         key,
         f"[auto] (our order for the device), [default] (torch's own choice) or a list of "
         f"{', '.join(SDPA_KERNEL_NAMES)}, got [{','.join(backend.value for backend in backends)}]",
+    )
+
+
+def validate_cpu_linear(value: CpuLinear, key: str) -> None:
+    """trainer.cpu_linear and decode.cpu_linear take the float products only (int8 weights are
+    decode.quantize's, chosen when a model is loaded)."""
+    _require(
+        value in FLOAT_PRODUCTS,
+        key,
+        f"onednn or torch, got {value.value} (int8 weights, for decoding: decode.quantize)",
     )
 
 

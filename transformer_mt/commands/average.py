@@ -20,7 +20,7 @@ from transformer_mt.checkpoint import (
 from transformer_mt.commands.valid_choice import average_grid, choose_on_valid, valid_prefix
 from transformer_mt.config import AUTO, AverageJob, config_dict
 from transformer_mt.decode.translator import Translator
-from transformer_mt.device import resolve_device
+from transformer_mt.device import prepare_process, resolve_device
 from transformer_mt.errors import ConfigError, DamagedCheckpoint
 from transformer_mt.run_dir import RunDir
 
@@ -76,6 +76,7 @@ def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dic
     newest = folder.newest_steps(max(1, len(step_checkpoints(folder.path))))  # all that are kept
     sources, references = valid_prefix(run.data_config(), job.valid_sentences, "valid_sentences")
     tokenizers, device = run.tokenizers(), resolve_device(job.device)
+    prepare_process(device)  # as tmt-eval's (decode/loading.py)
     unicode_form = run.data_config().unicode_form
 
     def translate(n: int) -> list[str]:
