@@ -54,9 +54,12 @@ pieces drawn only for the sentences of the batches timed. --update-tokens: targe
 update, split into micro-batches of at most --batch-tokens padded tokens as the trainer plans
 them (trainer.global_batch_tokens); without it an update is one batch of --batch-tokens.
 --precision: autocast as trainer.precision (auto: bf16 on a GPU, fp32 on the CPU), for both
-models. The GPU report gives TFLOP/s, model FLOPs utilisation against the GPU's dense bf16 peak
-(flops.py) on real tokens and beside it on padded shapes, the batches' padding, and peak GPU
-memory (allocated by torch) instead of RSS. Each timed block ends with a device synchronisation.
+models; the columns ours-fp32 and ours-bf16 set it for ours alone, so that the two precisions are
+timed side by side on the same batches in alternating blocks
+(`make bench ARGS="--columns ours-fp32,ours-bf16"`). The GPU report gives TFLOP/s, model FLOPs
+utilisation against the GPU's dense bf16 peak (flops.py) on real tokens and beside it on padded
+shapes, the batches' padding, and peak GPU memory (allocated by torch) instead of RSS. Each
+timed block ends with a device synchronisation.
 --update-tokens 3125 (or 1563) on one GPU is one rank's share of the paper's 25,000-token update
 at NPROC=8 (or 2 nodes x 8): the small micro-batches where kernel launches, not the GPU, set the
 pace.
@@ -130,6 +133,8 @@ from transformer_mt.train.trainer import Trainer
 OURS, MARIAN, MARIAN_EAGER = "ours", "marian", "marian eager-attn"
 OURS_PLAIN, OURS_COMPILED = "ours plain", "ours compiled"
 OURS_COMPILED_EAGER_LOSS = "ours compiled, loss eager"
+OURS_FP32, OURS_BF16 = "ours fp32", "ours bf16"  # trainer.precision, whatever --precision says
+PRECISION_OF = {OURS_FP32: Precision.fp32, OURS_BF16: Precision.bf16}
 COMPILED_KINDS = (OURS_COMPILED, OURS_COMPILED_EAGER_LOSS)  # trainer.compile=true
 # --columns: what each name runs (ours: the trainer as configured, with its chunked loss).
 COLUMNS = {
@@ -137,6 +142,8 @@ COLUMNS = {
     "ours": OURS,
     "ours-compiled": OURS_COMPILED,  # trainer.compile=true: its layers and loss chunks compiled
     "ours-compiled-eager-loss": OURS_COMPILED_EAGER_LOSS,  # the same, the loss's chunks eager
+    "ours-fp32": OURS_FP32,  # ours with trainer.precision=fp32 (a column beside ours-bf16)
+    "ours-bf16": OURS_BF16,  # ours with trainer.precision=bf16 (autocast, on any device)
     "marian": MARIAN,
     "marian-eager": MARIAN_EAGER,
 }
@@ -395,9 +402,10 @@ def worker(
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]
-    if kind in (OURS, OURS_PLAIN, *COMPILED_KINDS):
+    if kind in (OURS, OURS_PLAIN, *COMPILED_KINDS, *PRECISION_OF):
         if kind in COMPILED_KINDS:
             job.trainer.compile = "true"
+        job.trainer.precision = PRECISION_OF.get(kind, job.trainer.precision)
         data = data if data is not None else prepare(job.data)
         if kind == OURS_PLAIN:
             runner = PlainRunner(job, data, device)
