@@ -43,7 +43,7 @@ class TrainingBatches:
         settings: TrainerConfig,
     ):
         self.data, self.plan, self.policy = data, plan, policy
-        self.ranks, self.settings, self.device = ranks, settings, policy.device
+        self.ranks, self.settings = ranks, settings
         self.position = DataPosition()
         self.tokens_by_turn = np.zeros(0, dtype=np.int64)  # the epoch's; set by epoch_loader
         self.fraction: float | None = None  # set by a resume with another layout
@@ -139,7 +139,7 @@ class TrainingBatches:
             batch_size=None,
             sampler=range(position.batch_in_epoch, len(batches)),
             num_workers=workers,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=self.policy.pins_memory,
             prefetch_factor=4 if workers else None,
             worker_init_fn=start_worker if workers else None,
             multiprocessing_context=worker_context() if workers else None,

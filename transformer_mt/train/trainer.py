@@ -83,7 +83,7 @@ class Trainer:
         if policy.compile and self.ranks.is_main:
             self.compile_cache = use_compile_cache(policy, run.old_compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.scales_loss)
         self.plan = self.planned_batches()
         self.counts = UpdateCounts()  # the loop's own; the parts below hold theirs
         self.batches = TrainingBatches(data, self.plan, policy, self.ranks, cfg.trainer)
