@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from transformer_mt.checkpoint import Progress, UpdateCounts
 from transformer_mt.commands.train import train
 from transformer_mt.config import compose_job
 from transformer_mt.data.batching import plan_batches
@@ -142,3 +143,29 @@ def test_a_run_writes_no_periodic_checkpoint_within_the_minimum_interval(tiny_tr
     assert names == ["step_2.pt", "step_6.pt"]
     assert "no checkpoint at update 4, " in caplog.text
     assert "s after the previous one (update 2):" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("step", "saved_step", "reasons", "written"),
+    [
+        pytest.param(7, 5, {}, None, id="no-reason"),
+        pytest.param(50, 5, {}, False, id="checkpoint_every"),
+        pytest.param(7, 5, {"improved": True}, True, id="a-new-best"),
+        pytest.param(7, 5, {"stopping": True}, False, id="a-stop-signal"),
+        pytest.param(7, 5, {"clock_due": True}, False, id="checkpoint_every_minutes"),
+        pytest.param(7, 5, {"last": True}, False, id="the-end-state"),
+        pytest.param(7, 7, {"last": True}, None, id="the-end-state-already-written"),
+        pytest.param(7, 7, {"last": True, "improved": True}, True, id="the-end-a-new-best"),
+    ],
+)
+def test_save_if_due_writes_for_each_reason_and_for_none_other(
+    tmp_path, clock, monkeypatch, step, saved_step, reasons, written
+):
+    """Checkpointer.save_if_due, the one place that decides a checkpoint is written: `written`
+    is None where it writes none, else whether the checkpoint is the best."""
+    checkpointer = checkpointer_of("multi30k", tmp_path, "trainer.checkpoint_min_seconds=0")
+    checkpointer.saved_step = saved_step
+    saves = []
+    monkeypatch.setattr(checkpointer, "save", lambda progress, best: saves.append(best))
+    checkpointer.save_if_due(Progress(UpdateCounts(step=step)), **reasons)
+    assert saves == ([] if written is None else [written])
