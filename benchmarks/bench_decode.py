@@ -65,14 +65,7 @@ import torch
 
 from benchmarks.measure import abba_order, in_fresh_process, report_header
 from benchmarks.reference_search import reference_beam_search
-from transformer_mt.config import (
-    CpuLinear,
-    DecodeConfig,
-    DecodePrecision,
-    Quantize,
-    Strategy,
-    compose_job,
-)
+from transformer_mt.config import CpuLinear, DecodeConfig, Precision, Strategy, compose_job
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
@@ -97,9 +90,9 @@ OURS_DECODE = {
     OURS: PAPER,
     OURS_EARLY: EARLY,
     OURS_TORCH: dataclasses.replace(EARLY, cpu_linear=CpuLinear.torch),
-    OURS_INT8: dataclasses.replace(EARLY, quantize=Quantize.int8),
-    OURS_INT8_BATCH: dataclasses.replace(EARLY, quantize=Quantize.int8_batch),
-    OURS_INT8_GLIBC: dataclasses.replace(EARLY, quantize=Quantize.int8),
+    OURS_INT8: dataclasses.replace(EARLY, quantize=CpuLinear.int8),
+    OURS_INT8_BATCH: dataclasses.replace(EARLY, quantize=CpuLinear.int8_batch),
+    OURS_INT8_GLIBC: dataclasses.replace(EARLY, quantize=CpuLinear.int8),
 }
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
 GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
@@ -374,14 +367,14 @@ def benchmark_generated(args, folder: Path) -> None:
     print(*report_header(title, device), sep="\n")
     vocabulary = GeneratedVocabulary(args.vocab)
     tokenizers = Tokenizers(vocabulary, vocabulary)
-    fp32 = dataclasses.replace(PAPER, precision=DecodePrecision.fp32)  # auto: bf16 on CUDA
+    fp32 = dataclasses.replace(PAPER, precision=Precision.fp32)  # auto: bf16 on CUDA
     ours = Translator(ModelSearch(model, device), tokenizers, fp32)
     systems = {"(a) ours, float32": ours.translate_ids}  # with TF32 matmuls on CUDA
     if device.type == "cuda":
-        bf16 = dataclasses.replace(PAPER, precision=DecodePrecision.bf16)
+        bf16 = dataclasses.replace(PAPER, precision=Precision.bf16)
         systems["(a) ours, bf16 autocast"] = lambda ids: ours.translate_ids(ids, bf16)
     else:
-        for quantize in (Quantize.int8, Quantize.int8_batch):
+        for quantize in (CpuLinear.int8, CpuLinear.int8_batch):
             int8 = dataclasses.replace(fp32, quantize=quantize)
             search = ModelSearch(model, device, quantize=quantize)
             systems[f"(a) ours, {quantize.value}"] = Translator(

@@ -9,7 +9,7 @@ pieces; a batch of 4,000 source tokens is about 1,200 beam rows), in one process
 threads, each timed as the median of --reps calls after two warm-up calls:
 
   - the linear products: torch's F.linear against oneDNN's with a weight prepacked once
-    (decode/cpu_linear.py), and the two int8 products (decode.quantize=int8: each row of the
+    (onednn.OneDnnLinear), and the two int8 products (decode.quantize=int8: each row of the
     input quantized from its own range, torch._int_mm; int8_batch: one scale for the call,
     fbgemm), in GFLOP/s;
   - attention of one query row against 8-40 keys (a decoding step's self- and cross-attention):
@@ -40,11 +40,12 @@ from torch import nn
 
 from benchmarks.measure import kernel_milliseconds, report_header
 from transformer_mt import onednn
-from transformer_mt.config import DecodeConfig, Quantize
-from transformer_mt.decode.cpu_linear import Int8RowLinear, OneDnnLinear, with_int8_batch_linears
+from transformer_mt.config import INT8_PRODUCTS, CpuLinear, DecodeConfig
 from transformer_mt.decode.loading import load_translator
-from transformer_mt.device import keep_freed_host_memory
+from transformer_mt.device import prepare_process
+from transformer_mt.int8 import Int8RowLinear, with_int8_batch_linears
 from transformer_mt.model import appended, attend_few_queries, rows_by_source, rows_by_target
+from transformer_mt.onednn import OneDnnLinear
 from transformer_mt.run_dir import RunDir
 
 PRODUCTS = [  # rows x (out x in): the output projection at several batch sizes, then the layers
@@ -166,7 +167,7 @@ def report_profile(run: str, int8: str | None, top: int) -> None:
     sources = path.read_text(encoding="utf-8").splitlines()
     decode = DecodeConfig(stop_early=True)
     if int8:
-        decode = dataclasses.replace(decode, quantize=Quantize(int8))
+        decode = dataclasses.replace(decode, quantize=CpuLinear(int8))
     translator = load_translator(run, decode=decode, device="cpu")
     translator.translate(sources[:32])
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
@@ -194,13 +195,12 @@ def main() -> None:
     parser.add_argument("--profile", metavar="RUN", help="profile a beam search of this run")
     parser.add_argument(
         "--int8",
-        choices=[q.value for q in Quantize if q != Quantize.none],
+        choices=[q.value for q in INT8_PRODUCTS],
         help="--profile: with this decode.quantize",
     )
     parser.add_argument("--top", type=int, default=12, help="--profile: operators listed")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    keep_freed_host_memory()
+    prepare_process(torch.device("cpu"), args.threads)  # as the commands set theirs up
     print(*report_header("a decoding step's kernels on the CPU"), sep="\n")
     print(f"# threads: {args.threads}")
     if args.profile:

@@ -36,8 +36,8 @@ from benchmarks.measure import (
     report_header,
 )
 from transformer_mt.config import CpuLinear, TrainerConfig
-from transformer_mt.device import keep_freed_host_memory
-from transformer_mt.execution import CpuProducts, ExecutionPolicy
+from transformer_mt.device import prepare_process
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.train.loss import label_smoothed_loss, projected_loss
 
 PAD = 0
@@ -66,9 +66,9 @@ def run(form: str, hidden, weight, target, args):
             TrainerConfig(cpu_linear=CpuLinear(args.cpu_linear)), CPU
         )
         with policy.forward():  # as the trainer calls it
-            by_onednn = policy.cpu_products == CpuProducts.onednn
+            chunks = policy.loss_chunks(weight.shape[0])
             sums = projected_loss(
-                hidden, weight, target, epsilon=args.epsilon, pad_id=PAD, by_onednn=by_onednn
+                hidden, weight, target, epsilon=args.epsilon, pad_id=PAD, chunks=chunks
             )
     sums.loss.backward()
     return float(sums.loss.detach()), float(sums.nll.detach()), hidden.grad, weight.grad
@@ -77,8 +77,7 @@ def run(form: str, hidden, weight, target, args):
 def measure(form: str, args) -> dict:
     """In a process of its own: the median seconds of the form's passes (the first, untimed,
     makes the first-touch allocations) and the peak RSS they added above the inputs'."""
-    torch.set_num_threads(args.threads)
-    keep_freed_host_memory()  # as tmt-train sets its process up on the CPU
+    prepare_process(CPU, args.threads)  # as tmt-train sets its process up on the CPU
     hidden, weight, target = inputs(args)
     setup = peak_rss_mib()
     seconds = median_seconds(

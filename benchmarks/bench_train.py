@@ -54,9 +54,12 @@ pieces drawn only for the sentences of the batches timed. --update-tokens: targe
 update, split into micro-batches of at most --batch-tokens padded tokens as the trainer plans
 them (trainer.global_batch_tokens); without it an update is one batch of --batch-tokens.
 --precision: autocast as trainer.precision (auto: bf16 on a GPU, fp32 on the CPU), for both
-models. The GPU report gives TFLOP/s, model FLOPs utilisation against the GPU's dense bf16 peak
-(flops.py) on real tokens and beside it on padded shapes, the batches' padding, and peak GPU
-memory (allocated by torch) instead of RSS. Each timed block ends with a device synchronisation.
+models; the columns ours-fp32 and ours-bf16 set it for ours alone, so that the two precisions are
+timed side by side on the same batches in alternating blocks
+(`make bench ARGS="--columns ours-fp32,ours-bf16"`). The GPU report gives TFLOP/s, model FLOPs
+utilisation against the GPU's dense bf16 peak (flops.py) on real tokens and beside it on padded
+shapes, the batches' padding, and peak GPU memory (allocated by torch) instead of RSS. Each
+timed block ends with a device synchronisation.
 --update-tokens 3125 (or 1563) on one GPU is one rank's share of the paper's 25,000-token update
 at NPROC=8 (or 2 nodes x 8): the small micro-batches where kernel launches, not the GPU, set the
 pace.
@@ -101,6 +104,7 @@ from benchmarks.measure import (
 )
 from benchmarks.profile_step import StepProfile, profile_update
 from transformer_mt import onednn
+from transformer_mt.checkpoint.record import CheckpointRecord
 from transformer_mt.config import (
     CpuLinear,
     ModelConfig,
@@ -122,13 +126,15 @@ from transformer_mt.model import Dropout, count_parameters
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.compiling import CompileCounts, recompile_reasons
 from transformer_mt.train.flops import PEAK_BF16_FLOPS, Flops, peak_flops, update_flops
-from transformer_mt.train.loss import label_smoothed_loss
+from transformer_mt.train.loss import LossSums, label_smoothed_loss
 from transformer_mt.train.optimizer import finish_update, optimizer_and_schedule
 from transformer_mt.train.trainer import Trainer
 
 OURS, MARIAN, MARIAN_EAGER = "ours", "marian", "marian eager-attn"
 OURS_PLAIN, OURS_COMPILED = "ours plain", "ours compiled"
 OURS_COMPILED_EAGER_LOSS = "ours compiled, loss eager"
+OURS_FP32, OURS_BF16 = "ours fp32", "ours bf16"  # trainer.precision, whatever --precision says
+PRECISION_OF = {OURS_FP32: Precision.fp32, OURS_BF16: Precision.bf16}
 COMPILED_KINDS = (OURS_COMPILED, OURS_COMPILED_EAGER_LOSS)  # trainer.compile=true
 # --columns: what each name runs (ours: the trainer as configured, with its chunked loss).
 COLUMNS = {
@@ -136,6 +142,8 @@ COLUMNS = {
     "ours": OURS,
     "ours-compiled": OURS_COMPILED,  # trainer.compile=true: its layers and loss chunks compiled
     "ours-compiled-eager-loss": OURS_COMPILED_EAGER_LOSS,  # the same, the loss's chunks eager
+    "ours-fp32": OURS_FP32,  # ours with trainer.precision=fp32 (a column beside ours-bf16)
+    "ours-bf16": OURS_BF16,  # ours with trainer.precision=bf16 (autocast, on any device)
     "marian": MARIAN,
     "marian-eager": MARIAN_EAGER,
 }
@@ -217,40 +225,87 @@ def generated_data(
 
 # ---- the two models' training steps ------------------------------------------------------------
 class OursRunner:
-    """Our model, trained through the real Trainer; `plain`: the step as it was before the
-    trainer's loss was chunked, its CPU dropout drew cheaper masks and its CPU products took
-    oneDNN's kernel (issue 25): the loss over the whole logits in fp32 (label_smoothed_loss),
-    torch's own nn.Dropout and F.linear (trainer.cpu_linear=torch). `eager_loss_chunks`: the
-    loss's chunks eager where the policy would compile them (a lever of make gpu-check)."""
+    """Our model, trained through the real Trainer under the execution policy its settings give
+    (trainer.compile, cpu_linear, ...). The benchmark's own levers are settings of that policy,
+    passed in: `compile_backend` (ExecutionPolicy.compile_backend) and `eager_loss_chunks`, the
+    loss's chunks eager where the policy would compile them (ExecutionPolicy.compile_loss: a
+    lever of make gpu-check)."""
 
     def __init__(
         self,
         job: TrainJob,
         data: PreparedData,
         device: torch.device,
-        plain: bool = False,
         eager_loss_chunks: bool = False,
         compile_backend: str = "inductor",
     ):
-        if plain:
-            job.trainer.cpu_linear = CpuLinear.torch
-        policy = ExecutionPolicy.for_training(job.trainer, device)
-        policy = dataclasses.replace(policy, compile_backend=compile_backend)
+        policy = dataclasses.replace(
+            ExecutionPolicy.for_training(job.trainer, device),
+            compile_backend=compile_backend,
+            compile_loss=not eager_loss_chunks,
+        )
         self.trainer = Trainer(job, RunDir(job.run_dir), data, policy)
         self.model = self.trainer.model
         self.label = "transformer_mt"
-        if eager_loss_chunks:
-            self.trainer.loss_module.compiled_chunks = False
-        if plain:
-            use_torch_dropout(self.model)
-            loss = PlainLoss(self.model, job.optim.label_smoothing)
-            # with --compile, the whole step through torch.compile, as the trainer compiled it then
-            compiled = self.trainer.policy.compile
-            self.trainer.train_model = torch.compile(loss, dynamic=True) if compiled else loss
 
     def step(self, batches: list[Batch]) -> torch.Tensor:
         """One update; the mean label-smoothed loss per target token (on the device)."""
         return self.trainer.train_step(batches).loss
+
+
+class UpdateRunner:
+    """A model the Trainer does not take, under the trainer's update: Trainer.train_step's, step
+    for step, on one rank without a loss scaler (no fp16 here): each micro-batch's summed loss
+    (`sums`, the forward in the trainer's execution policy), divided once by the update's
+    target tokens, then train/optimizer.py's optimizer, schedule and update after the backward
+    passes (`finish_update`), as the Trainer's."""
+
+    def __init__(self, job: TrainJob, model: torch.nn.Module, device: torch.device, label: str):
+        self.cfg, self.model, self.device, self.label = job, model, device, label
+        self.policy = ExecutionPolicy.for_training(job.trainer, device)  # as Trainer runs
+        self.optimizer, self.scheduler = optimizer_and_schedule(model, job)  # as Trainer's
+        self.scaler = torch.amp.GradScaler(device.type, enabled=False)  # no fp16 here
+
+    def sums(self, batch: Batch) -> LossSums:
+        """One micro-batch's summed loss, nll and target tokens (on the device)."""
+        raise NotImplementedError
+
+    def step(self, batches: list[Batch]) -> torch.Tensor:
+        """One update over the micro-batches; the mean label-smoothed loss per target token."""
+        self.model.train()
+        total_tokens = sum(batch.n_tgt_tokens for batch in batches)
+        loss_sum = torch.zeros((), device=self.device)
+        for batch in batches:
+            sums = self.sums(batch.to(self.device))
+            (sums.loss / total_tokens).backward()
+            loss_sum += sums.loss.detach()
+        finish_update(
+            self.model, self.optimizer, self.scheduler, self.scaler, self.cfg.optim.clip_norm
+        )
+        return loss_sum / total_tokens
+
+
+class PlainRunner(UpdateRunner):
+    """Our model as its step was before the trainer's loss was chunked, its CPU dropout drew
+    cheaper masks and its CPU products took oneDNN's kernel (issue 25): the loss over the whole
+    logits in fp32 (label_smoothed_loss), torch's own nn.Dropout and F.linear
+    (trainer.cpu_linear=torch); with --compile the whole step through torch.compile, as the
+    trainer compiled it then. Built as the Trainer builds ours (the run's record, the same
+    seed), but outside it: the Trainer's parts stay its own."""
+
+    def __init__(self, job: TrainJob, data: PreparedData, device: torch.device):
+        job.trainer.cpu_linear = CpuLinear.torch
+        record = CheckpointRecord.of_run(job.model, data.tokenizers, data.folder.name)
+        model = record.build_model().to(device)
+        use_torch_dropout(model)
+        super().__init__(job, model, device, "transformer_mt")
+        loss = PlainLoss(model, job.optim.label_smoothing)
+        # compiled whole, as the trainer compiled it then (the policy compiles layer by layer now)
+        self.loss = torch.compile(loss, dynamic=True) if self.policy.compile else loss
+
+    def sums(self, batch: Batch) -> LossSums:
+        with self.policy.forward():
+            return self.loss(batch.src, batch.tgt_in, batch.tgt_out, batch.src_padded)
 
 
 def use_torch_dropout(model: torch.nn.Module) -> None:
@@ -283,66 +338,43 @@ def drop_attention_biases(marian: torch.nn.Module) -> None:
             getattr(attention, name).bias = None
 
 
-class MarianRunner:
-    """transformers' MarianMTModel under the trainer's update. Not through Trainer.train_step: a
-    Trainer builds its own model (our Transformer, from the run's record) with its optimizer and
-    schedule over that model's parameters, and takes no other model; re-wired after construction
-    to train Marian, it would leave our model's weights in this process (counted in the peak RSS
-    and GPU memory reported for Marian). And a micro-batch of the trainer runs TrainingLoss, which
-    projects our decoder's hidden states through our tied embedding, where Marian gives logits
-    (its lm_head and final_logits_bias). So the update is Trainer.train_step's, step for step, on
-    one rank without a loss scaler (no fp16 here): the forward in the trainer's execution policy
-    (its forward()), label_smoothed_loss summed and divided once by the update's target
-    tokens, then `update`. Shared with the trainer: those contexts, label_smoothed_loss, and
-    train/optimizer.py's optimizer, schedule and update after the backward passes."""
+class MarianRunner(UpdateRunner):
+    """transformers' MarianMTModel under the trainer's update (UpdateRunner). Not through
+    Trainer.train_step: a Trainer builds its own model (our Transformer, from the run's record)
+    with its optimizer and schedule over that model's parameters, and takes no other model;
+    re-wired after construction to train Marian, it would leave our model's weights in this
+    process (counted in the peak RSS and GPU memory reported for Marian). And a micro-batch of
+    the trainer runs TrainingLoss, which projects our decoder's hidden states through our tied
+    embedding, where Marian gives logits (its lm_head and final_logits_bias): here
+    label_smoothed_loss over them. Compiled whole where the policy compiles (Marian has no
+    repeated_layers for the policy's regional compilation)."""
 
     def __init__(
         self, job: TrainJob, vocab_size: int, device: torch.device, attention: str = "sdpa"
     ):
         transformers = import_transformers()
         transformers.logging.set_verbosity_error()
-        self.cfg, self.device = job, device
         shape = marian_shape(
             job.model, transformers, vocab_size=vocab_size, attn_implementation=attention
         )
-        self.model = transformers.MarianMTModel(shape)
-        drop_attention_biases(self.model)
-        self.model.to(device)
-        self.forward = self.model
-        self.policy = ExecutionPolicy.for_training(job.trainer, device)  # as Trainer runs
-        if self.policy.compile:
-            self.forward = torch.compile(self.model, dynamic=True)
-        self.optimizer, self.scheduler = optimizer_and_schedule(self.model, job)  # as Trainer's
-        self.scaler = torch.amp.GradScaler(device.type, enabled=False)  # no fp16 here
-        self.label = f"transformers {transformers.__version__}"
+        model = transformers.MarianMTModel(shape)
+        drop_attention_biases(model)
+        model.to(device)
+        super().__init__(job, model, device, f"transformers {transformers.__version__}")
+        # compiled whole: Marian has no repeated_layers for the policy's regional compilation
+        self.forward = torch.compile(model, dynamic=True) if self.policy.compile else model
 
-    def step(self, batches: list[Batch]) -> torch.Tensor:
-        """One update over the micro-batches; the mean label-smoothed loss per target token."""
-        self.model.train()
-        total_tokens = sum(batch.n_tgt_tokens for batch in batches)
-        loss_sum = torch.zeros((), device=self.device)
-        for batch in batches:
-            batch = batch.to(self.device)
-            with self.policy.forward():
-                logits = self.forward(
-                    input_ids=batch.src,
-                    attention_mask=batch.src != PAD_ID,
-                    decoder_input_ids=batch.tgt_in,
-                    decoder_attention_mask=batch.tgt_in != PAD_ID,
-                    use_cache=False,
-                ).logits  # (B, T, V)
-            sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
-            )
-            (sums.loss / total_tokens).backward()
-            loss_sum += sums.loss.detach()
-        self.update()
-        return loss_sum / total_tokens
-
-    def update(self) -> None:
-        """Trainer.train_step's update after the backward passes (train/optimizer.py)."""
-        finish_update(
-            self.model, self.optimizer, self.scheduler, self.scaler, self.cfg.optim.clip_norm
+    def sums(self, batch: Batch) -> LossSums:
+        with self.policy.forward():
+            logits = self.forward(
+                input_ids=batch.src,
+                attention_mask=batch.src != PAD_ID,
+                decoder_input_ids=batch.tgt_in,
+                decoder_attention_mask=batch.tgt_in != PAD_ID,
+                use_cache=False,
+            ).logits  # (B, T, V)
+        return label_smoothed_loss(
+            logits, batch.tgt_out, epsilon=self.cfg.optim.label_smoothing, pad_id=PAD_ID
         )
 
 
@@ -366,23 +398,25 @@ def worker(
     """Build one model, then run the update indices the parent sends, timing each block (up to
     the device's last kernel), with what torch.compile did so far where it compiles. `data`:
     None prepares (reads the cache of) the job's corpus."""
-    torch.set_num_threads(threads)
-    set_up_process(str(device))  # as tmt-train sets its process up, for both models
+    set_up_process(str(device), threads)  # as tmt-train sets its process up, for both models
     torch.manual_seed(job.trainer.seed)
     if device.type == "cuda":  # as the trainer's DataLoader hands them over: pinned
         steps = [[batch.pin_memory() for batch in step] for step in steps]
-    if kind in (OURS, OURS_PLAIN, *COMPILED_KINDS):
+    if kind in (OURS, OURS_PLAIN, *COMPILED_KINDS, *PRECISION_OF):
         if kind in COMPILED_KINDS:
             job.trainer.compile = "true"
+        job.trainer.precision = PRECISION_OF.get(kind, job.trainer.precision)
         data = data if data is not None else prepare(job.data)
-        runner = OursRunner(
-            job,
-            data,
-            device,
-            plain=kind == OURS_PLAIN,
-            eager_loss_chunks=kind == OURS_COMPILED_EAGER_LOSS,
-            compile_backend=compile_backend,
-        )
+        if kind == OURS_PLAIN:
+            runner = PlainRunner(job, data, device)
+        else:
+            runner = OursRunner(
+                job,
+                data,
+                device,
+                eager_loss_chunks=kind == OURS_COMPILED_EAGER_LOSS,
+                compile_backend=compile_backend,
+            )
     else:
         attention = "eager" if kind == MARIAN_EAGER else "sdpa"
         runner = MarianRunner(job, vocab_size, device, attention)

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from benchmarks.measure import kernel_milliseconds, peak_rss_mib, report_header
 from transformer_mt import onednn
-from transformer_mt.device import keep_freed_host_memory
+from transformer_mt.device import prepare_process
 
 # rows x (out x in): model=small's layers, model=base's, the output projection's chunk
 PRODUCTS = [
@@ -111,8 +111,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reps", type=int, default=15)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    keep_freed_host_memory()
+    prepare_process(torch.device("cpu"), args.threads)  # as tmt-train sets its process up
     if not onednn.available():
         print("this torch has no oneDNN product: nothing to compare")
         return

@@ -256,8 +256,7 @@ def main() -> None:
         "--levers", action="store_true", help="ours alone, one decode setting changed at a time"
     )
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    device = set_up_process(args.device)  # as tmt-train's: the allocator, TF32
+    device = set_up_process(args.device, args.threads)  # as tmt-train's: the allocator, TF32
     title = "beam search on one device: ours beside transformers' generate"
     print(*report_header(title, device), sep="\n")
     workloads = REHEARSAL_WORKLOADS if args.rehearsal else GPU_WORKLOADS

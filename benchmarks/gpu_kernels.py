@@ -110,7 +110,8 @@ def lengths_batch(rng: np.random.Generator, rows: int, source: int | None, vocab
 def training_kernels(model: Transformer, policy: ExecutionPolicy, equal: bool, rows: int):
     """Call site -> kernels of one micro-batch's forward and backward under `policy`, of one
     source length or of similar lengths (padded, masked)."""
-    loss_of = TrainingLoss(model.train(), epsilon=0.1, pad_id=PAD_ID)
+    chunks = policy.eager().loss_chunks(model.embed.num_embeddings)  # the layers as they are
+    loss_of = TrainingLoss(model.train(), chunks, epsilon=0.1, pad_id=PAD_ID)
     rng = np.random.default_rng(1)
     src, tgt_in, tgt_out, padded = lengths_batch(rng, rows, 24 if equal else None, 1000)
     device = policy.device

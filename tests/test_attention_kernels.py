@@ -1,8 +1,9 @@
 """trainer.sdpa_backends and decode.sdpa_backends: which kernels scaled_dot_product_attention may
 use in the training step and in our searches, as the execution policy orders them ([auto]: ours,
 on CUDA flash, efficient, math: cuDNN's per-shape plans and pytorch#196678 kept out). On the CPU,
-a list that holds no CPU kernel (cudnn alone) makes attention fail with torch's "No viable
-backend": the proof that the switch reaches the call."""
+a list that holds no CPU kernel (cudnn alone) is refused by its key before anything runs, and the
+kernels each attention call may take (torch's flags, read inside the call) are the list's: the
+proof that the switch reaches the call."""
 
 from __future__ import annotations
 
@@ -25,7 +26,6 @@ from transformer_mt.config import (
     SdpaBackend,
     Strategy,
     TrainerConfig,
-    validate_train,
 )
 from transformer_mt.data.prepare import prepare
 from transformer_mt.data.tokenizer import PAD_ID
@@ -35,7 +35,20 @@ from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import Transformer
 from transformer_mt.train.start import STEERING_KEYS
 
-NO_CPU_KERNEL = "No viable backend for scaled_dot_product_attention"
+
+@pytest.fixture
+def kernels_seen(monkeypatch) -> list[tuple[bool, bool]]:
+    """(flash allowed, math allowed) as each attention call of the model finds torch's flags."""
+    seen, attention = [], F.scaled_dot_product_attention
+
+    def recording(*args, **kwargs):
+        seen.append(
+            (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.math_sdp_enabled())
+        )
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", recording)
+    return seen
 
 
 def attend() -> torch.Tensor:
@@ -51,15 +64,18 @@ def policy(*backends: SdpaBackend, device: str = "cpu") -> ExecutionPolicy:
     )
 
 
-def test_the_switch_limits_the_kernels_and_default_leaves_torchs_choice():
+def test_the_switch_limits_the_kernels_and_default_leaves_torchs_choice(kernels_seen):
     reference = attend()
     with policy(SdpaBackend.math).forward():
         assert torch.allclose(attend(), reference, atol=1e-6)
+    with policy(SdpaBackend.flash).forward():
+        attend()
     with policy(SdpaBackend.default).forward():
         attend()
-    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL), policy(SdpaBackend.cudnn).forward():
-        attend()
     attend()  # the context restores what it found
+    assert kernels_seen == [(True, True), (False, True), (True, False), (True, True), (True, True)]
+    with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*\[cudnn\]: none of these"):
+        policy(SdpaBackend.cudnn)
 
 
 def test_on_cuda_auto_orders_flash_efficient_math_and_keeps_cudnn_out(monkeypatch):
@@ -87,32 +103,36 @@ def test_on_cuda_auto_orders_flash_efficient_math_and_keeps_cudnn_out(monkeypatc
     assert policy(SdpaBackend.auto).attention is None
 
 
-def test_the_training_step_runs_under_trainer_sdpa_backends(tiny_train_job):
-    job = tiny_train_job("trainer.sdpa_backends=[cudnn]")
-    assert job.trainer.sdpa_backends == [SdpaBackend.cudnn]  # composed as the enum
+def test_the_training_step_runs_under_trainer_sdpa_backends(tiny_train_job, kernels_seen):
+    job = tiny_train_job("trainer.sdpa_backends=[math]")
+    assert job.trainer.sdpa_backends == [SdpaBackend.math]  # composed as the enum
     data = prepare(job.data)
     trainer = trainer_for(job, data)
     trainer.metrics.close()
     batch = next(iter(trainer.epoch_loader()))
-    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL):
-        trainer.train_step([batch])
-    job.trainer.sdpa_backends = [SdpaBackend.flash, SdpaBackend.math]
+    assert torch.isfinite(trainer.train_step([batch]).loss)
+    assert kernels_seen and set(kernels_seen) == {(False, True)}
+    kernels_seen.clear()
+    job.trainer.sdpa_backends = [SdpaBackend.flash]
     trainer = trainer_for(job, data)
     trainer.metrics.close()
     assert torch.isfinite(trainer.train_step([batch]).loss)
+    assert kernels_seen and set(kernels_seen) == {(True, False)}
 
 
-def test_our_searches_run_under_decode_sdpa_backends():
+def test_our_searches_run_under_decode_sdpa_backends(kernels_seen):
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=16, n_heads=2, d_ff=32, n_encoder_layers=1, n_decoder_layers=1)
     search = ModelSearch(Transformer(cfg, vocab_size=30, pad_id=PAD_ID), torch.device("cpu"))
     sources = [[5, 6, 7], [8, 9]]
     greedy = DecodeConfig(strategy=Strategy.greedy, max_len_b=3)
     default = tokens(search.search(sources, greedy))
-    with pytest.raises(RuntimeError, match=NO_CPU_KERNEL):
-        search.search(sources, dataclasses.replace(greedy, sdpa_backends=[SdpaBackend.cudnn]))
+    kernels_seen.clear()
     math_only = dataclasses.replace(greedy, sdpa_backends=[SdpaBackend.math])
     assert tokens(search.search(sources, math_only)) == default
+    assert kernels_seen and set(kernels_seen) == {(False, True)}
+    with pytest.raises(ConfigError, match=r"'decode.sdpa_backends'.*\[cudnn\]: none of these"):
+        search.search(sources, dataclasses.replace(greedy, sdpa_backends=[SdpaBackend.cudnn]))
 
 
 def tokens(nbest_lists) -> list[list[list[int]]]:
@@ -121,11 +141,11 @@ def tokens(nbest_lists) -> list[list[list[int]]]:
 
 def test_default_goes_alone_and_the_key_steers_a_resume(tiny_train_job):
     with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*got \[default,math\]"):
-        validate_train(tiny_train_job("trainer.sdpa_backends=[default,math]"))
+        tiny_train_job("trainer.sdpa_backends=[default,math]").validate()
     with pytest.raises(ConfigError, match=r"'trainer.sdpa_backends'.*got \[auto,flash\]"):
-        validate_train(tiny_train_job("trainer.sdpa_backends=[auto,flash]"))
+        tiny_train_job("trainer.sdpa_backends=[auto,flash]").validate()
     with pytest.raises(ConfigError, match="'decode.sdpa_backends'"):
-        validate_train(tiny_train_job("decode.sdpa_backends=[]"))
+        tiny_train_job("decode.sdpa_backends=[]").validate()
     with pytest.raises(Exception, match="fast"):  # not a kernel's name: refused when composed
         tiny_train_job("trainer.sdpa_backends=[fast]")
     assert "trainer.sdpa_backends" in STEERING_KEYS  # a resume may turn cuDNN off

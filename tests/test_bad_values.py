@@ -26,6 +26,11 @@ BIN = Path(sys.executable).parent
         ("trainer.sdpa_backends=[efficient]", "trainer.sdpa_backends"),  # CUDA's kernels only
         ("trainer.sdpa_backends=[cudnn]", "trainer.sdpa_backends"),
         ("trainer.num_threads=-1", "trainer.num_threads"),
+        # one enum for what multiplies on the CPU: each key takes its own values of it
+        ("trainer.cpu_linear=int8", "trainer.cpu_linear"),
+        ("decode.cpu_linear=int8_batch", "decode.cpu_linear"),
+        ("decode.quantize=onednn", "decode.quantize"),
+        ("decode.precision=fp16", "decode.precision"),  # one precision enum: fp16 trains only
         ("decode.length_penalty=nan", "decode.length_penalty"),
         ("decode.beam_size=100000", "decode.beam_size"),
     ],

@@ -1,5 +1,8 @@
 """Every preset composes into typed dataclasses; bad keys and values fail with the key's name."""
 
+import dataclasses
+import re
+
 import pytest
 from hydra.errors import ConfigCompositionException
 
@@ -9,7 +12,6 @@ from transformer_mt.config import (
     TrainJob,
     TranslateJob,
     compose_job,
-    validate_train,
 )
 from transformer_mt.errors import ConfigError
 
@@ -27,7 +29,7 @@ def test_every_preset_composes(group, preset):
         overrides.append("data.dir=/tmp/corpus")
     job = compose_job("train", overrides)
     assert isinstance(job, TrainJob)
-    validate_train(job)
+    job.validate()
 
 
 @pytest.mark.parametrize(
@@ -88,4 +90,43 @@ def test_wrong_type_is_named():
 def test_impossible_values_name_the_key(override, key):
     job = compose_job("train", [override])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate_train(job)
+        job.validate()
+
+
+COMMAND_KEYS = {
+    "train": "run_dir data model optim trainer decode",
+    "eval": "run_dir checkpoint split device valid_sentences decode",
+    "translate": "run_dir checkpoint device input output attention attention_layer decode",
+    "average": "run_dir last output valid_sentences device decode",
+    "export": "run_dir checkpoint format output quantization",
+    "serve": "run_dir checkpoint device host port max_request_bytes max_lines max_line_chars "
+    "max_beam_size max_pending_pieces request_timeout_s max_attention_cells max_connections "
+    "decode",
+}
+"""The top-level keys of each command's configuration (99ece05's): a user's command line and an
+older run's config.yaml name them."""
+
+
+@pytest.mark.parametrize("name", sorted(COMMAND_KEYS))
+def test_each_command_takes_the_keys_it_took(name):
+    job = compose_job(name, ["run_dir=/tmp/x"])
+    assert sorted(field.name for field in dataclasses.fields(job)) == sorted(
+        COMMAND_KEYS[name].split()
+    )
+
+
+@pytest.mark.parametrize(
+    "name,overrides,key",
+    [
+        ("train", ["model.n_heads=7"], "model.d_model"),
+        ("eval", ["decode.length_penalty=auto", "split=valid"], "decode.length_penalty"),
+        ("translate", ["decode.beam_size=0"], "decode.beam_size"),
+        ("average", ["last=0"], "last"),
+        ("export", ["format=transformers", "quantization=int8"], "quantization"),
+        ("serve", ["max_lines=0"], "max_lines"),
+    ],
+)
+def test_each_job_checks_its_own_sections_naming_the_key(name, overrides, key):
+    job = compose_job(name, ["run_dir=/tmp/x", *overrides])
+    with pytest.raises(ConfigError, match=f"^config key '{re.escape(key)}': "):
+        job.validate()

@@ -15,12 +15,13 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from transformer_mt import device as process_setup
 from transformer_mt.checkpoint import save_checkpoint
 from transformer_mt.commands.export import export
 from transformer_mt.config import DecodeConfig, ExportJob, ModelConfig, Strategy, compose_job
 from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
-from transformer_mt.decode import ctranslate2_backend, loading
+from transformer_mt.decode import ctranslate2_backend
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.translator import Translator
@@ -197,7 +198,7 @@ def test_loading_on_the_cpu_keeps_freed_memory_unless_told_not_to(
     needs_ctranslate2, run_dir, monkeypatch
 ):
     calls = []
-    monkeypatch.setattr(loading, "keep_freed_host_memory", lambda: calls.append(1) or True)
+    monkeypatch.setattr(process_setup, "keep_freed_host_memory", lambda: calls.append(1) or True)
     export(ExportJob(run_dir=str(run_dir)))
     for checkpoint in ("last.pt", "ctranslate2"):  # our model, then CTranslate2's
         load_translator(run_dir, checkpoint, decode=GREEDY, device="cpu", keep_freed_memory=False)

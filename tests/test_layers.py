@@ -9,10 +9,10 @@ from pathlib import Path
 import transformer_mt
 
 LAYERS = [
-    # configs, errors, files, locks, devices, the torch build for the driver, launchers' ranks,
-    # sweeps' folders
-    {"config", "errors", "files", "run_lock", "device", "torch_builds", "onednn", "shapes"}
-    | {"launch", "sweeps"},
+    # configs, errors, files, locks, devices, the torch build for the driver, the CPU's oneDNN
+    # and int8 products, launchers' ranks, sweeps' folders
+    {"config", "errors", "files", "run_lock", "device", "torch_builds", "onednn", "int8"}
+    | {"shapes", "launch", "sweeps"},
     # how a device runs the model: precision, attention kernels, compile, CPU products
     {"execution"},
     {"data"},  # sources, toy corpus, cleaning, SentencePiece, store, batching

@@ -15,7 +15,7 @@ from transformer_mt import onednn
 from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainerConfig
 from transformer_mt.data.prepare import prepare
 from transformer_mt.data.tokenizer import PAD_ID
-from transformer_mt.execution import CpuProducts, ExecutionPolicy
+from transformer_mt.execution import ExecutionPolicy, LossChunks
 from transformer_mt.model import Transformer
 from transformer_mt.train.loss import projected_loss
 from transformer_mt.train.start import STEERING_KEYS
@@ -57,11 +57,11 @@ def test_the_product_and_its_gradients_equal_f_linears(relu):
 @pytest.mark.parametrize(
     ("settings", "device", "products"),
     [
-        ({}, "cpu", CpuProducts.onednn),
-        ({"cpu_linear": CpuLinear.torch}, "cpu", CpuProducts.torch),
-        ({"precision": Precision.bf16}, "cpu", CpuProducts.torch),  # under autocast
-        ({"compile": "true"}, "cpu", CpuProducts.torch),  # torch.compile traces F.linear
-        ({}, "cuda", CpuProducts.torch),
+        ({}, "cpu", CpuLinear.onednn),
+        ({"cpu_linear": CpuLinear.torch}, "cpu", CpuLinear.torch),
+        ({"precision": Precision.bf16}, "cpu", CpuLinear.torch),  # under autocast
+        ({"compile": "true"}, "cpu", CpuLinear.torch),  # torch.compile traces F.linear
+        ({}, "cuda", CpuLinear.torch),
     ],
 )
 def test_the_policy_takes_onednn_for_float32_eager_training_on_the_cpu(settings, device, products):
@@ -92,9 +92,8 @@ def loss_and_gradients(by_onednn: bool):
     hidden, weight = leaves((4, 9, 32), (50, 32), seed=2)
     target = torch.randint(3, 50, (4, 9), generator=torch.Generator().manual_seed(3))
     target[1, 6:] = 0  # padding
-    sums = projected_loss(
-        hidden, weight, target, epsilon=0.1, pad_id=0, chunk_tokens=7, by_onednn=by_onednn
-    )
+    chunks = LossChunks(tokens=7, drop_padding=True, by_onednn=by_onednn)
+    sums = projected_loss(hidden, weight, target, epsilon=0.1, pad_id=0, chunks=chunks)
     return sums.loss, sums.nll, *torch.autograd.grad(sums.loss, (hidden, weight))
 
 

@@ -22,7 +22,7 @@ from transformer_mt.decode.search import Hypothesis  # noqa: E402
 from transformer_mt.decode.translator import Translator  # noqa: E402
 from transformer_mt.errors import ConfigError  # noqa: E402
 from transformer_mt.serve import app as serve_app  # noqa: E402
-from transformer_mt.serve.app import check_limits, create_app  # noqa: E402
+from transformer_mt.serve.app import create_app  # noqa: E402
 from transformer_mt.serve.batcher import Batcher, QueuedWork  # noqa: E402
 
 # a one-word request is 2 pieces (the word and EOS): 20 fit the bound, and each is its own batch
@@ -67,7 +67,9 @@ class GatedEcho:
         self.gate = threading.Event()
         self.searched: list[str] = []
 
-    def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def search(
+        self, sources: list[list[int]], decode: DecodeConfig, policy
+    ) -> list[list[Hypothesis]]:
         self.searched += self.words.decode(sources)
         assert self.gate.wait(timeout=60), "the test never opened the gate"
         return [[Hypothesis(list(source), 0.0)] for source in sources]
@@ -382,8 +384,8 @@ def test_one_translator_answers_every_setting_and_each_request_is_encoded_once(
 def test_a_limit_that_is_not_above_zero_is_refused_by_its_key():
     for key in ("max_pending_pieces", "request_timeout_s", "max_attention_cells"):
         with pytest.raises(ConfigError, match=f"config key '{key}': must be > 0, got 0"):
-            check_limits(dataclasses.replace(LIMITS, **{key: 0}))
-    check_limits(LIMITS)
+            dataclasses.replace(LIMITS, **{key: 0}).validate()
+    LIMITS.validate()
 
 
 def test_tmt_serve_loads_nothing_with_a_bad_limit_and_passes_its_connection_limit(monkeypatch):

@@ -16,7 +16,7 @@ from transformer_mt.commands.evaluate import evaluate
 from transformer_mt.commands.serve import serve
 from transformer_mt.commands.train import train
 from transformer_mt.commands.translate import translate
-from transformer_mt.config import DecodeConfig, compose_job, validate_train
+from transformer_mt.config import DecodeConfig, compose_job
 from transformer_mt.errors import ConfigError
 
 FAST_EVAL = ["decode.beam_size=2", "decode.max_len_a=0", "decode.max_len_b=8", "valid_sentences=8"]
@@ -170,7 +170,7 @@ def test_commands_without_a_valid_split_refuse_auto_naming_the_key(tmp_path, tin
             command(job)
         assert "\n" not in str(refused.value) and "tmt-eval only" in str(refused.value)
     with pytest.raises(ConfigError, match="config key 'decode.length_penalty'"):
-        validate_train(tiny_train_job(*auto))
+        tiny_train_job(*auto).validate()
 
 
 def test_a_numeric_length_penalty_composes_to_a_float_as_before():

@@ -2,8 +2,11 @@
 
 Each YAML preset in ``transformer_mt/configs/`` names its schema in its defaults list, so a
 misspelled key or a value of the wrong type fails when the config is composed, before any work
-starts. ``validate`` then checks what types cannot (positive sizes, ``d_model % n_heads``) and
-names the key at fault.
+starts. Each section (DataConfig, ModelConfig, OptimConfig, TrainerConfig, DecodeConfig) has a
+``validate()`` that checks what types cannot (positive sizes, ``d_model % n_heads``) and names
+the key at fault. Each command's job extends RunJob (run_dir) and the shared sections it needs
+(SearchJob: device and decode; CheckpointSource: checkpoint too), and its ``validate()`` checks
+its sections and its own keys: the command calls it before anything is loaded or written.
 """
 
 from __future__ import annotations
@@ -53,6 +56,10 @@ class InvalidUtf8(str, Enum):
 
 
 class Precision(str, Enum):
+    """What the model computes in (trainer.precision, decode.precision): auto, the execution
+    policy's choice for the device (execution.autocast_dtype); fp32; bf16 or fp16 autocast
+    (fp16: training only, with its gradient scaler)."""
+
     auto = "auto"
     fp32 = "fp32"
     bf16 = "bf16"
@@ -87,8 +94,23 @@ class SourceLengths(str, Enum):
 
 
 class CpuLinear(str, Enum):
+    """What multiplies the linear layers (and the output projection) on the CPU, the vocabulary
+    of three keys: trainer.cpu_linear and decode.cpu_linear take onednn (oneDNN's kernel) or
+    torch (F.linear); decode.quantize takes int8 or int8_batch (int8 weights) or none (no int8:
+    the float products decode.cpu_linear takes). The execution policy decides which of torch,
+    onednn, int8 and int8_batch runs on a device (execution.py; never none)."""
+
     onednn = "onednn"
     torch = "torch"
+    int8 = "int8"  # int8 weights, each input row quantized from its own range (int8.py)
+    int8_batch = "int8_batch"  # int8 weights, one scale for a call's input (torch.ao's)
+    none = "none"  # decode.quantize's: no int8 weights
+
+
+FLOAT_PRODUCTS = (CpuLinear.onednn, CpuLinear.torch)
+"""trainer.cpu_linear's and decode.cpu_linear's values."""
+INT8_PRODUCTS = (CpuLinear.int8, CpuLinear.int8_batch)
+"""decode.quantize's values, with none."""
 
 
 class ResumeMode(str, Enum):
@@ -98,7 +120,10 @@ class ResumeMode(str, Enum):
 
 
 AUTO = "auto"
+"""The value of decode.length_penalty (tmt-eval) and last (tmt-average) that asks for the
+setting to be chosen on the run's valid split (commands/valid_choice.py)."""
 SEED_RANGE = (-(2**63), 2**64 - 1)
+"""The seeds torch's random generators take (Generator.manual_seed raises outside them)."""
 MAX_LENGTH_PENALTY = 10.0
 """decode.length_penalty's bound either side of 0: ((5 + length) / 6) ** alpha stays finite for
 any output length a search can reach (GNMT's alpha is 0.6 to 1)."""
@@ -107,9 +132,8 @@ MAX_BEAM_SIZE = 1024
 and 100,000 of them filled 24 GB before the kernel ended the process."""
 TEMPERATURE_RANGE = (1e-6, 1e6)
 """decode.temperature's bounds: the log-probabilities divided by it stay finite in float32."""
-"""The seeds torch's random generators take (Generator.manual_seed raises outside them)."""
-"""The value of decode.length_penalty (tmt-eval) and last (tmt-average) that asks for the
-setting to be chosen on the run's valid split (commands/valid_choice.py)."""
+MIN_VOCAB_SIZE = 4 + 256
+"""Pieces every vocabulary holds: PAD, UNK, BOS, EOS and the byte-fallback pieces."""
 
 
 class ExportFormat(str, Enum):
@@ -198,6 +222,54 @@ class DataConfig:
     num_workers: int | None = None
     """Processes that encode and binarize (null: one per CPU core this process may use)."""
 
+    def validate(self) -> None:
+        """ConfigError naming the data.* key of the first value that cannot be."""
+        _require(
+            self.vocab_size > MIN_VOCAB_SIZE,
+            "data.vocab_size",
+            f"must be > {MIN_VOCAB_SIZE} (4 special pieces and 256 byte pieces, then the corpus's "
+            f"own), got {self.vocab_size}",
+        )
+        _require(
+            0.0 < self.character_coverage <= 1.0,
+            "data.character_coverage",
+            f"must be in (0, 1], got {self.character_coverage}",
+        )
+        _require(self.carve_valid >= 0, "data.carve_valid", f"must be >= 0, got {self.carve_valid}")
+        _require(
+            (self.hf_src_column is None) == (self.hf_tgt_column is None),
+            "data.hf_src_column",
+            "name both text columns (data.hf_src_column and data.hf_tgt_column) or neither",
+        )
+        _require(
+            self.max_length_ratio >= 0,
+            "data.max_length_ratio",
+            f"must be >= 0, got {self.max_length_ratio}",
+        )
+        _require(
+            self.max_tokens_per_sentence >= 1,
+            "data.max_tokens_per_sentence",
+            f"must be >= 1, got {self.max_tokens_per_sentence}",
+        )
+        _require(
+            self.spm_sample_sentences > 0,
+            "data.spm_sample_sentences",
+            f"must be positive, got {self.spm_sample_sentences}",
+        )
+        _require(
+            self.num_workers is None or self.num_workers >= 1,
+            "data.num_workers",
+            f"must be >= 1 or null, got {self.num_workers}",
+        )
+        if self.source == SourceKind.files:
+            _require(self.dir is not None, "data.dir", "is required when data.source=files")
+        if self.source == SourceKind.toy:
+            _require(
+                len(self.toy_sizes) == 3 and min(self.toy_sizes) > 0,
+                "data.toy_sizes",
+                f"must be three positive sizes [train, valid, test], got {self.toy_sizes}",
+            )
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
@@ -224,6 +296,20 @@ class ModelConfig:
     max_positions: int = 1024
     """Longest sequence, in pieces, the sinusoidal table covers."""
 
+    def validate(self) -> None:
+        """ConfigError naming the model.* key of the first value that cannot be."""
+        for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers"):
+            value = getattr(self, name)
+            _require(value > 0, f"model.{name}", f"must be positive, got {value}")
+        _require(
+            self.d_model % self.n_heads == 0,
+            "model.d_model",
+            f"{self.d_model} is not divisible by model.n_heads={self.n_heads}",
+        )
+        for name in ("dropout", "attention_dropout"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"model.{name}", f"must be in [0, 1), got {value}")
+
 
 @dataclass(kw_only=True)
 class OptimConfig:
@@ -243,6 +329,43 @@ class OptimConfig:
     """Clip the gradient's global L2 norm to this value; 0 disables clipping."""
     label_smoothing: float = 0.1
     """epsilon_ls, spread uniformly over the whole vocabulary."""
+
+    def validate(self) -> None:
+        """ConfigError naming the optim.* key of the first value that cannot be."""
+        _require(
+            self.warmup_steps > 0,
+            "optim.warmup_steps",
+            f"must be positive, got {self.warmup_steps}",
+        )
+        _require(self.lr_scale > 0, "optim.lr_scale", f"must be positive, got {self.lr_scale}")
+        _require(self.clip_norm >= 0, "optim.clip_norm", f"must be >= 0, got {self.clip_norm}")
+        _require(
+            0.0 <= self.label_smoothing < 1.0,
+            "optim.label_smoothing",
+            f"must be in [0, 1), got {self.label_smoothing}",
+        )
+        _require(len(self.betas) == 2, "optim.betas", f"must hold two values, got {self.betas}")
+
+
+TRAINER_AT_LEAST_ONE = (
+    "global_batch_tokens",
+    "batch_tokens",
+    "log_every",
+    "max_nonfinite_updates",
+    "agree_every",
+)
+"""TrainerConfig's keys whose value must be at least 1."""
+TRAINER_AT_LEAST_ZERO = (
+    "valid_every",
+    "valid_bleu_sentences",
+    "patience",
+    "checkpoint_every",
+    "checkpoint_every_minutes",
+    "checkpoint_min_seconds",
+    "keep_checkpoints",
+    "loader_workers",
+)
+"""TrainerConfig's keys whose value must be at least 0 (0: off, or none)."""
 
 
 @dataclass(kw_only=True)
@@ -353,17 +476,39 @@ class TrainerConfig:
     (F.linear). The two differ by float32 rounding. Not used on a GPU, under autocast or
     torch.compile."""
 
+    def validate(self) -> None:
+        """ConfigError naming the trainer.* key of the first value that cannot be (the
+        attention kernels and trainer.compile as far as they can be checked without the
+        device: ExecutionPolicy.for_training checks the rest)."""
+        _require_at_least(1, self, "trainer", TRAINER_AT_LEAST_ONE)
+        _require_at_least(0, self, "trainer", TRAINER_AT_LEAST_ZERO)
+        _require(
+            self.rank_timeout_minutes > 0,
+            "trainer.rank_timeout_minutes",
+            f"must be positive, got {self.rank_timeout_minutes}",
+        )
+        _require(
+            self.max_steps > 0 or self.max_epochs > 0 or self.max_time_minutes > 0,
+            "trainer.max_steps",
+            "no stopping rule: set max_steps, max_epochs or max_time_minutes",
+        )
+        _require(
+            self.num_threads >= 0,
+            "trainer.num_threads",
+            f"must be >= 0 (0: torch's default), got {self.num_threads}",
+        )
+        validate_sdpa_backends(self.sdpa_backends, "trainer.sdpa_backends")
+        validate_cpu_linear(self.cpu_linear, "trainer.cpu_linear")
+        compile_setting(self.compile)
+        _require(
+            self.resume_from is None or self.resume != ResumeMode.never,
+            "trainer.resume_from",
+            "continues a run: it needs trainer.resume=auto or force, got never",
+        )
 
-class DecodePrecision(str, Enum):
-    auto = "auto"
-    fp32 = "fp32"
-    bf16 = "bf16"
 
-
-class Quantize(str, Enum):
-    none = "none"
-    int8 = "int8"
-    int8_batch = "int8_batch"
+DECODE_PRECISIONS = (Precision.auto, Precision.fp32, Precision.bf16)
+"""decode.precision's values (fp16 is training's, with its gradient scaler)."""
 
 
 class BatchShape(str, Enum):
@@ -385,7 +530,7 @@ class DecodeConfig:
     nbest: int = 1
     """Translations per sentence returned by Translator.translate_nbest, best first (beam: at
     most beam_size; greedy and sample give one)."""
-    # Any, not `float | str`: OmegaConf 2.3 has no unions; validate_decode names the key.
+    # Any, not `float | str`: OmegaConf 2.3 has no unions; validate() names the key.
     length_penalty: Any = 0.6
     """GNMT alpha: scores are divided by ((5 + length) / 6) ** alpha. tmt-eval also takes auto:
     alpha chosen by valid BLEU from commands/valid_choice.py's LENGTH_PENALTY_GRID."""
@@ -445,14 +590,14 @@ class DecodeConfig:
     """The attention kernels our model's searches may use, as trainer.sdpa_backends ([auto]: our
     order for the device; [default]: torch's own choice); a CTranslate2 export has its own. On
     the CPU the decoder's steps (one query row each) use none: model.attend_few_queries."""
-    precision: DecodePrecision = DecodePrecision.auto
+    precision: Precision = Precision.auto
     """What our model computes in while it searches: auto (bf16 autocast on CUDA, fp32
     elsewhere), fp32, or bf16 (autocast, on any device; on a CPU without bf16 instructions it
     is slower). fp32 on CUDA multiplies matrices in TF32 (torch.backends.cuda.matmul.allow_tf32,
-    which tmt-eval, tmt-translate and tmt-serve turn on with device.use_cuda_device: 10-bit
+    which tmt-eval, tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit
     mantissa inputs, float32 sums). It holds inside an enclosing autocast too. A CTranslate2
     export computes in its own type (auto only)."""
-    quantize: Quantize = Quantize.none
+    quantize: CpuLinear = CpuLinear.none
     """int8: our model's linear layers and its output projection (the shared embedding) with
     int8 weights, quantized when the model is loaded (the checkpoint is unchanged), their inputs
     quantized row by row, each hypothesis's token from its own range: a sentence's translation
@@ -460,7 +605,7 @@ class DecodeConfig:
     quantized with one scale for the whole batch (PyTorch's dynamic quantization, fbgemm's
     kernel): a sentence's translation depends on the sentences batched with it (in a file, in
     the server). Either on the CPU only, in fp32 (not with decode.precision=bf16), each member
-    of an ensemble alike (decode/cpu_linear.py). none: the weights as trained."""
+    of an ensemble alike (execution.decoding_copy). none: the weights as trained."""
     cpu_linear: CpuLinear = CpuLinear.onednn
     """How our model's linear layers multiply when it searches in float32 on the CPU: onednn
     (with weights reordered once for oneDNN's prepacked product, in a copy made at the first such
@@ -473,56 +618,194 @@ class DecodeConfig:
         if isinstance(self.length_penalty, int) and not isinstance(self.length_penalty, bool):
             self.length_penalty = float(self.length_penalty)
 
+    def validate(self) -> None:
+        """ConfigError naming the decode.* key of the first value that cannot be (the attention
+        kernels as far as they can be checked without the device: ExecutionPolicy.for_decoding
+        checks the rest). length_penalty=auto is tmt-eval's (EvalJob.validate)."""
+        alpha = self.length_penalty
+        _require(
+            alpha != AUTO,
+            "decode.length_penalty",
+            "auto (alpha chosen on the valid split) is for tmt-eval only; give a number here",
+        )
+        _require(
+            isinstance(alpha, float),
+            "decode.length_penalty",
+            f"must be a number (or auto, for tmt-eval), got {alpha!r}",
+        )
+        _require(
+            math.isfinite(alpha) and abs(alpha) <= MAX_LENGTH_PENALTY,
+            "decode.length_penalty",
+            f"must be a finite number in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}] (the "
+            f"paper's 0.6; beyond that the penalty overflows), got {alpha}",
+        )
+        _require(self.beam_size >= 1, "decode.beam_size", f"must be >= 1, got {self.beam_size}")
+        _require(
+            self.beam_size <= MAX_BEAM_SIZE,
+            "decode.beam_size",
+            f"must be <= {MAX_BEAM_SIZE} (each sentence searches beam_size rows at once, and "
+            f"their memory grows with the beam), got {self.beam_size}",
+        )
+        _require(
+            self.batch_tokens is None or self.batch_tokens > 0,
+            "decode.batch_tokens",
+            f"must be positive (or null: the device's default), got {self.batch_tokens}",
+        )
+        _require_at_least(1, self, "decode", ("check_every", "max_len_b"))
+        _require(
+            math.isfinite(self.max_len_a) and self.max_len_a >= 0,
+            "decode.max_len_a",
+            f"must be a finite number >= 0, got {self.max_len_a}",
+        )
+        _require(self.min_len >= 0, "decode.min_len", f"must be >= 0, got {self.min_len}")
+        _require(self.nbest >= 1, "decode.nbest", f"must be >= 1, got {self.nbest}")
+        if self.strategy == Strategy.beam:  # greedy and sample give one, whatever nbest says
+            _require(
+                self.nbest <= self.beam_size,
+                "decode.nbest",
+                f"must be <= decode.beam_size={self.beam_size}, got {self.nbest}",
+            )
+        self._validate_sampling()
+        _require(
+            self.precision in DECODE_PRECISIONS,
+            "decode.precision",
+            f"{self.precision.value} is for training (with its gradient scaler); decoding takes "
+            f"{', '.join(p.value for p in DECODE_PRECISIONS)}",
+        )
+        validate_cpu_linear(self.cpu_linear, "decode.cpu_linear")
+        _require(
+            self.quantize in (CpuLinear.none, *INT8_PRODUCTS),
+            "decode.quantize",
+            f"{self.quantize.value} is not a quantization: give none, int8 or int8_batch "
+            "(decode.cpu_linear chooses between onednn and torch)",
+        )
+        _require(
+            self.quantize == CpuLinear.none or self.precision != Precision.bf16,
+            "decode.precision",
+            "bf16 cannot run int8 weights (decode.quantize=int8 computes in fp32): give auto or "
+            "fp32, or decode.quantize=none",
+        )
+        validate_sdpa_backends(self.sdpa_backends, "decode.sdpa_backends")
+
+    def _validate_sampling(self) -> None:
+        _require(
+            TEMPERATURE_RANGE[0] <= self.temperature <= TEMPERATURE_RANGE[1],
+            "decode.temperature",
+            f"must be in [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}] (the "
+            f"log-probabilities are divided by it in float32), got {self.temperature}",
+        )
+        _require(self.top_k >= 0, "decode.top_k", f"must be >= 0 (0: off), got {self.top_k}")
+        _require(
+            0.0 < self.top_p <= 1.0, "decode.top_p", f"must be in (0, 1] (1: off), got {self.top_p}"
+        )
+        _require(
+            SEED_RANGE[0] <= self.seed <= SEED_RANGE[1],
+            "decode.seed",
+            f"must be in [-2^63, 2^64 - 1] (torch's generators), got {self.seed}",
+        )
+
 
 @dataclass(kw_only=True)
-class TrainJob:
-    """`tmt-train`: everything one training run needs."""
+class RunJob:
+    """What every command works on: a run folder. Each command's job extends it with its own
+    sections, and its validate() checks them."""
 
     run_dir: str
-    """Folder that receives config, tokenizer, checkpoints, logs and scores."""
+    """The run folder: tmt-train writes its config, tokenizer, checkpoints, logs and scores
+    there; the other commands read them from it."""
+
+    def validate(self) -> None:
+        """ConfigError naming the key of the first value that cannot be (what the types cannot
+        say), before anything is loaded or written."""
+
+
+@dataclass(kw_only=True)
+class TrainJob(RunJob):
+    """`tmt-train`: everything one training run needs."""
+
     data: DataConfig
     model: ModelConfig
     optim: OptimConfig
     trainer: TrainerConfig
     decode: DecodeConfig
+    """The search of validation BLEU (trainer.valid_bleu_strategy picks greedy or beam)."""
+
+    def validate(self) -> None:
+        for section in (self.model, self.decode, self.data, self.optim, self.trainer):
+            section.validate()
+        max_sentence = self.data.max_tokens_per_sentence
+        _require(
+            self.trainer.batch_tokens >= max_sentence + 2,
+            "trainer.batch_tokens",
+            f"{self.trainer.batch_tokens} cannot hold one sentence of "
+            f"data.max_tokens_per_sentence={max_sentence} pieces plus BOS/EOS",
+        )
+        _require(
+            max_sentence + 2 <= self.model.max_positions,
+            "data.max_tokens_per_sentence",
+            f"{max_sentence} + BOS/EOS exceeds model.max_positions={self.model.max_positions}",
+        )
 
 
 @dataclass(kw_only=True)
-class EvalJob:
-    """`tmt-eval`: translate a split of the run's data and score it."""
+class SearchJob(RunJob):
+    """A command that translates with a run's model: on which device, with which search."""
 
-    run_dir: str
-    """Run folder written by `tmt-train`."""
+    device: str = "auto"
+    """auto (cuda when torch can use it, else mps, else cpu), cpu, cuda, cuda:N, mps."""
+    decode: DecodeConfig
+    """The search (tmt-serve: its defaults, which a request may change for itself)."""
+
+    def validate(self) -> None:
+        self.decode.validate()
+
+
+@dataclass(kw_only=True)
+class CheckpointSource(SearchJob):
+    """A command that translates with checkpoints of a run: tmt-eval, tmt-translate, tmt-serve."""
+
     # Any, not `str | list[str]`: OmegaConf 2.3 has no unions; decode/loading.py names the key.
     checkpoint: Any = "last.pt"
     """Checkpoint file name inside run_dir/checkpoints, or a path; or a folder written by
     tmt-export (e.g. ctranslate2), to translate with CTranslate2.
     Several, as a list (checkpoint=[a.pt,b.pt]; of this run or of other runs with the same
     tokenizer files): their ensemble translates (the mean of their probabilities)."""
+
+
+@dataclass(kw_only=True)
+class EvalJob(CheckpointSource):
+    """`tmt-eval`: translate a split of the run's data and score it."""
+
     split: str = "test"
     """test, valid, or train: which split of the run's data to translate."""
-    device: str = "auto"
-    """auto, cpu, cuda."""
     valid_sentences: int = 1000
     """decode.length_penalty=auto: alpha is chosen on the first this many sentences of the
     run's valid split (all of it when shorter)."""
-    decode: DecodeConfig
+
+    def validate(self) -> None:
+        """decode.length_penalty may be auto here: alpha chosen on the valid split, for beam
+        search, when another split is scored."""
+        if self.decode.length_penalty != AUTO:
+            super().validate()
+            return
+        if self.decode.strategy != Strategy.beam:
+            raise ConfigError(
+                "config key 'decode.length_penalty': auto chooses beam search's alpha, which "
+                f"decode.strategy={self.decode.strategy.value} does not use; give a number"
+            )
+        if self.split == "valid":
+            raise ConfigError(
+                "config key 'decode.length_penalty': auto chooses alpha on the valid split, "
+                "which split=valid would then score: a score tuned on its own sentences; give a "
+                "number, or score another split (split=test)"
+            )
+        dataclasses.replace(self.decode, length_penalty=0.0).validate()  # the rest of it
 
 
 @dataclass(kw_only=True)
-class TranslateJob:
+class TranslateJob(CheckpointSource):
     """`tmt-translate`: stdin (or a file) to stdout (or a file), flushed after each batch."""
 
-    run_dir: str
-    """Run folder written by `tmt-train`."""
-    # Any, not `str | list[str]`: OmegaConf 2.3 has no unions; decode/loading.py names the key.
-    checkpoint: Any = "last.pt"
-    """Checkpoint file name inside run_dir/checkpoints, or a path; or a folder written by
-    tmt-export (e.g. ctranslate2), to translate with CTranslate2.
-    Several, as a list (checkpoint=[a.pt,b.pt]; of this run or of other runs with the same
-    tokenizer files): their ensemble translates (the mean of their probabilities)."""
-    device: str = "auto"
-    """auto, cpu, cuda."""
     input: str | None = None
     """File to translate, one sentence per line, UTF-8 (null: standard input)."""
     output: str | None = None
@@ -537,16 +820,15 @@ class TranslateJob:
     `make plot-attention` draws one of them."""
     attention_layer: int = -1
     """Which decoder layer's cross-attention (averaged over its heads); negative: from the last."""
-    decode: DecodeConfig
 
 
 @dataclass(kw_only=True)
-class AverageJob:
-    """`tmt-average`: the mean of a run's newest checkpoints, for eval and translate."""
+class AverageJob(SearchJob):
+    """`tmt-average`: the mean of a run's newest checkpoints, for eval and translate. device and
+    decode are used by last=auto alone: where and how the candidates translate the valid
+    sentences (a numeric length_penalty)."""
 
-    run_dir: str
-    """Run folder written by `tmt-train`."""
-    # Any, not `int | str`: OmegaConf 2.3 has no unions; commands/average.py names the key.
+    # Any, not `int | str`: OmegaConf 2.3 has no unions; validate() names the key.
     last: Any = 5
     """How many of the newest step checkpoints to average (the paper: 5 for base, 20 for big),
     or auto: the number (1, the newest alone, included) with the best valid BLEU, from
@@ -557,19 +839,24 @@ class AverageJob:
     valid_sentences: int = 1000
     """last=auto: each candidate translates the first this many sentences of the run's valid
     split (all of it when shorter)."""
-    device: str = "auto"
-    """last=auto: where the candidates translate (auto, cpu, cuda)."""
-    decode: DecodeConfig
-    """last=auto: the search that translates the valid sentences (a numeric length_penalty)."""
+
+    def validate(self) -> None:
+        last = self.last
+        if last == AUTO:
+            super().validate()  # the search that chooses
+            return
+        _require(
+            not isinstance(last, bool) and isinstance(last, int) and last >= 1,
+            "last",
+            f"must be a positive number of checkpoints or auto, got {last!r}",
+        )
 
 
 @dataclass(kw_only=True)
-class ExportJob:
+class ExportJob(RunJob):
     """`tmt-export`: a checkpoint as a CTranslate2 model folder (needs the `export` extra) or as
     a Hugging Face transformers MarianMTModel folder (needs the `hf` extra)."""
 
-    run_dir: str
-    """Run folder written by `tmt-train`."""
     checkpoint: str = "last.pt"
     """Checkpoint file name inside run_dir/checkpoints, or a path."""
     format: ExportFormat = ExportFormat.ctranslate2
@@ -588,20 +875,19 @@ class ExportJob:
     def __post_init__(self) -> None:
         self.output = self.output or self.format.value
 
+    def validate(self) -> None:
+        _require(
+            self.format != ExportFormat.transformers or self.quantization is None,
+            "quantization",
+            f"{self.quantization} is for format=ctranslate2; format=transformers writes float32 "
+            "(null)",
+        )
+
 
 @dataclass(kw_only=True)
-class ServeJob:
+class ServeJob(CheckpointSource):
     """`tmt-serve`: an HTTP API and a page around one checkpoint (needs the `serve` extra)."""
 
-    run_dir: str
-    """Run folder written by `tmt-train`."""
-    # Any, not `str | list[str]`: OmegaConf 2.3 has no unions; decode/loading.py names the key.
-    checkpoint: Any = "last.pt"
-    """Checkpoint file name inside run_dir/checkpoints, or a path.
-    Several, as a list (checkpoint=[a.pt,b.pt]; of this run or of other runs with the same
-    tokenizer files): their ensemble translates (the mean of their probabilities)."""
-    device: str = "auto"
-    """auto, cpu, cuda."""
     host: str = "127.0.0.1"
     """Address to listen on (127.0.0.1: this machine only; 0.0.0.0: every interface)."""
     port: int = 8000
@@ -622,8 +908,35 @@ class ServeJob:
     """Attention weights a request may ask for, bounded before decoding (more: HTTP 422)."""
     max_connections: int = 128
     """Connections and requests uvicorn takes at once (more: HTTP 503; its limit_concurrency)."""
-    decode: DecodeConfig
-    """The defaults; a request may change the search settings for itself."""
+
+    def validate(self) -> None:
+        """Also: a port that exists; limits above 0 (a limit of 0 would refuse every request,
+        and only under load would anyone notice); a default search that the limits admit (else
+        every request that names no beam is refused)."""
+        super().validate()
+        _require(0 <= self.port <= 65535, "port", f"must be in [0, 65535], got {self.port}")
+        for key in SERVE_LIMITS:
+            value = getattr(self, key)
+            _require(value > 0, key, f"must be > 0, got {value}")
+        _require(
+            self.decode.strategy != Strategy.beam or self.decode.beam_size <= self.max_beam_size,
+            "decode.beam_size",
+            f"{self.decode.beam_size} is over max_beam_size={self.max_beam_size}, so every "
+            "request that names no beam_size would be refused: lower it, or raise max_beam_size",
+        )
+
+
+SERVE_LIMITS = (
+    "max_request_bytes",
+    "max_lines",
+    "max_line_chars",
+    "max_beam_size",
+    "max_pending_pieces",
+    "request_timeout_s",
+    "max_attention_cells",
+    "max_connections",
+)
+"""The ServeJob keys that bound each request, the queue and the connections."""
 
 
 def times_ranks(value: float, power: float = 1) -> float:
@@ -660,8 +973,7 @@ CONFIG_DIR = Path(str(importlib.resources.files("transformer_mt") / "configs"))
 """The presets, shipped inside the package (a wheel installs them with it)."""
 
 
-Job = TrainJob | EvalJob | TranslateJob | AverageJob | ExportJob | ServeJob
-COMMAND_SCHEMAS = {
+COMMAND_SCHEMAS: dict[str, type[RunJob]] = {
     "train": TrainJob,
     "eval": EvalJob,
     "translate": TranslateJob,
@@ -672,7 +984,7 @@ COMMAND_SCHEMAS = {
 """The schema each command's own configuration composes to (the other presets, such as demo and
 multi30k, are training configurations)."""
 
-JobT = TypeVar("JobT", TrainJob, EvalJob, TranslateJob, AverageJob, ExportJob, ServeJob)
+JobT = TypeVar("JobT", bound=RunJob)
 
 
 def as_job(cfg: DictConfig, schema: type[JobT]) -> JobT:
@@ -747,7 +1059,7 @@ def plain_value(value):
     return value
 
 
-def compose_job(config_name: str, overrides: list[str] | None = None) -> Job:
+def compose_job(config_name: str, overrides: list[str] | None = None) -> RunJob:
     """The typed job that the configuration `config_name` composes to with these command-line
     style overrides; for tests, scripts and notebooks (the CLI uses @hydra.main)."""
     register_configs()
@@ -756,112 +1068,40 @@ def compose_job(config_name: str, overrides: list[str] | None = None) -> Job:
     return as_job(cfg, COMMAND_SCHEMAS.get(config_name, TrainJob))
 
 
+# The checks of one value that the validate() methods share.
+
+
 def _require(condition: bool, key: str, message: str) -> None:
     if not condition:
         raise ConfigError(f"config key '{key}': {message}")
 
 
-def validate_model(cfg: ModelConfig, key: str = "model") -> None:
-    for name in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers"):
-        value = getattr(cfg, name)
-        _require(value > 0, f"{key}.{name}", f"must be positive, got {value}")
-    _require(
-        cfg.d_model % cfg.n_heads == 0,
-        f"{key}.d_model",
-        f"{cfg.d_model} is not divisible by {key}.n_heads={cfg.n_heads}",
-    )
-    for name in ("dropout", "attention_dropout"):
-        value = getattr(cfg, name)
-        _require(0.0 <= value < 1.0, f"{key}.{name}", f"must be in [0, 1), got {value}")
-
-
-def validate_decode(cfg: DecodeConfig, key: str = "decode") -> None:
-    alpha = cfg.length_penalty
-    _require(
-        alpha != AUTO,
-        f"{key}.length_penalty",
-        "auto (alpha chosen on the valid split) is for tmt-eval only; give a number here",
-    )
-    _require(
-        isinstance(alpha, float),
-        f"{key}.length_penalty",
-        f"must be a number (or auto, for tmt-eval), got {alpha!r}",
-    )
-    _require(
-        math.isfinite(alpha) and abs(alpha) <= MAX_LENGTH_PENALTY,
-        f"{key}.length_penalty",
-        f"must be a finite number in [-{MAX_LENGTH_PENALTY:g}, {MAX_LENGTH_PENALTY:g}] (the "
-        f"paper's 0.6; beyond that the penalty overflows), got {alpha}",
-    )
-    _require(cfg.beam_size >= 1, f"{key}.beam_size", f"must be >= 1, got {cfg.beam_size}")
-    _require(
-        cfg.beam_size <= MAX_BEAM_SIZE,
-        f"{key}.beam_size",
-        f"must be <= {MAX_BEAM_SIZE} (each sentence searches beam_size rows at once, and their "
-        f"memory grows with the beam), got {cfg.beam_size}",
-    )
-    _require(
-        cfg.batch_tokens is None or cfg.batch_tokens > 0,
-        f"{key}.batch_tokens",
-        f"must be positive (or null: the device's default), got {cfg.batch_tokens}",
-    )
-    _require(cfg.check_every >= 1, f"{key}.check_every", f"must be >= 1, got {cfg.check_every}")
-    _require(cfg.max_len_b >= 1, f"{key}.max_len_b", f"must be >= 1, got {cfg.max_len_b}")
-    _require(
-        math.isfinite(cfg.max_len_a) and cfg.max_len_a >= 0,
-        f"{key}.max_len_a",
-        f"must be a finite number >= 0, got {cfg.max_len_a}",
-    )
-    _require(cfg.min_len >= 0, f"{key}.min_len", f"must be >= 0, got {cfg.min_len}")
-    _require(cfg.nbest >= 1, f"{key}.nbest", f"must be >= 1, got {cfg.nbest}")
-    if cfg.strategy == Strategy.beam:  # greedy and sample give one, whatever nbest says
-        _require(
-            cfg.nbest <= cfg.beam_size,
-            f"{key}.nbest",
-            f"must be <= {key}.beam_size={cfg.beam_size}, got {cfg.nbest}",
-        )
-    _require(
-        TEMPERATURE_RANGE[0] <= cfg.temperature <= TEMPERATURE_RANGE[1],
-        f"{key}.temperature",
-        f"must be in [{TEMPERATURE_RANGE[0]:g}, {TEMPERATURE_RANGE[1]:g}] (the log-probabilities "
-        f"are divided by it in float32), got {cfg.temperature}",
-    )
-    _require(cfg.top_k >= 0, f"{key}.top_k", f"must be >= 0 (0: off), got {cfg.top_k}")
-    _require(0.0 < cfg.top_p <= 1.0, f"{key}.top_p", f"must be in (0, 1] (1: off), got {cfg.top_p}")
-    _require(
-        SEED_RANGE[0] <= cfg.seed <= SEED_RANGE[1],
-        f"{key}.seed",
-        f"must be in [-2^63, 2^64 - 1] (torch's generators), got {cfg.seed}",
-    )
-    _require(
-        cfg.quantize == Quantize.none or cfg.precision != DecodePrecision.bf16,
-        f"{key}.precision",
-        "bf16 cannot run int8 weights (decode.quantize=int8 computes in fp32): give auto or fp32, "
-        "or decode.quantize=none",
-    )
-    validate_sdpa_backends(cfg.sdpa_backends, f"{key}.sdpa_backends")
-
-
-def validate_serve(job: ServeJob) -> None:
-    """The server's own settings, before the model loads: its default search must be one its
-    limits admit (else every request that names no beam is refused), and a port that exists."""
-    validate_decode(job.decode)
-    _require(0 <= job.port <= 65535, "port", f"must be in [0, 65535], got {job.port}")
-    _require(
-        job.decode.strategy != Strategy.beam or job.decode.beam_size <= job.max_beam_size,
-        "decode.beam_size",
-        f"{job.decode.beam_size} is over max_beam_size={job.max_beam_size}, so every request "
-        "that names no beam_size would be refused: lower it, or raise max_beam_size",
-    )
+def _require_at_least(least: int, section: object, key: str, names: tuple[str, ...]) -> None:
+    """ConfigError naming `key`.NAME for the first of `names` whose value is below `least`."""
+    for name in names:
+        value = getattr(section, name)
+        _require(value >= least, f"{key}.{name}", f"must be >= {least}, got {value}")
 
 
 def validate_sdpa_backends(backends: list[SdpaBackend], key: str) -> None:
+    """ConfigError naming `key` (trainer.sdpa_backends, decode.sdpa_backends) unless it lists
+    [auto], [default], or some of the kernels."""
     alone = {SdpaBackend.auto, SdpaBackend.default}
     _require(
         len(backends) >= 1 and (alone.isdisjoint(backends) or len(backends) == 1),
         key,
         f"[auto] (our order for the device), [default] (torch's own choice) or a list of "
         f"{', '.join(SDPA_KERNEL_NAMES)}, got [{','.join(backend.value for backend in backends)}]",
+    )
+
+
+def validate_cpu_linear(value: CpuLinear, key: str) -> None:
+    """trainer.cpu_linear and decode.cpu_linear take the float products only (int8 weights are
+    decode.quantize's, chosen when a model is loaded)."""
+    _require(
+        value in FLOAT_PRODUCTS,
+        key,
+        f"onednn or torch, got {value.value} (int8 weights, for decoding: decode.quantize)",
     )
 
 
@@ -902,142 +1142,3 @@ def compile_setting(value: object) -> bool | None:
         f"{value!r} is not one of auto, true, false",
     )
     return COMPILE_SETTINGS[text]
-
-
-MIN_VOCAB_SIZE = 4 + 256
-"""Pieces every vocabulary holds: PAD, UNK, BOS, EOS and the byte-fallback pieces."""
-
-
-def validate_data(data: DataConfig) -> None:
-    _require(
-        data.vocab_size > MIN_VOCAB_SIZE,
-        "data.vocab_size",
-        f"must be > {MIN_VOCAB_SIZE} (4 special pieces and 256 byte pieces, then the corpus's "
-        f"own), got {data.vocab_size}",
-    )
-    _require(
-        0.0 < data.character_coverage <= 1.0,
-        "data.character_coverage",
-        f"must be in (0, 1], got {data.character_coverage}",
-    )
-    _require(data.carve_valid >= 0, "data.carve_valid", f"must be >= 0, got {data.carve_valid}")
-    _require(
-        (data.hf_src_column is None) == (data.hf_tgt_column is None),
-        "data.hf_src_column",
-        "name both text columns (data.hf_src_column and data.hf_tgt_column) or neither",
-    )
-    _require(
-        data.max_length_ratio >= 0,
-        "data.max_length_ratio",
-        f"must be >= 0, got {data.max_length_ratio}",
-    )
-    _require(
-        data.max_tokens_per_sentence >= 1,
-        "data.max_tokens_per_sentence",
-        f"must be >= 1, got {data.max_tokens_per_sentence}",
-    )
-    _require(
-        data.spm_sample_sentences > 0,
-        "data.spm_sample_sentences",
-        f"must be positive, got {data.spm_sample_sentences}",
-    )
-    _require(
-        data.num_workers is None or data.num_workers >= 1,
-        "data.num_workers",
-        f"must be >= 1 or null, got {data.num_workers}",
-    )
-    if data.source == SourceKind.files:
-        _require(data.dir is not None, "data.dir", "is required when data.source=files")
-    if data.source == SourceKind.toy:
-        _require(
-            len(data.toy_sizes) == 3 and min(data.toy_sizes) > 0,
-            "data.toy_sizes",
-            f"must be three positive sizes [train, valid, test], got {data.toy_sizes}",
-        )
-
-
-def validate_optim(optim: OptimConfig) -> None:
-    _require(
-        optim.warmup_steps > 0, "optim.warmup_steps", f"must be positive, got {optim.warmup_steps}"
-    )
-    _require(optim.lr_scale > 0, "optim.lr_scale", f"must be positive, got {optim.lr_scale}")
-    _require(optim.clip_norm >= 0, "optim.clip_norm", f"must be >= 0, got {optim.clip_norm}")
-    _require(
-        0.0 <= optim.label_smoothing < 1.0,
-        "optim.label_smoothing",
-        f"must be in [0, 1), got {optim.label_smoothing}",
-    )
-    _require(len(optim.betas) == 2, "optim.betas", f"must hold two values, got {optim.betas}")
-
-
-def validate_trainer(trainer: TrainerConfig) -> None:
-    for name in (
-        "global_batch_tokens",
-        "batch_tokens",
-        "log_every",
-        "max_nonfinite_updates",
-        "agree_every",
-    ):
-        _require(
-            getattr(trainer, name) >= 1,
-            f"trainer.{name}",
-            f"must be >= 1, got {getattr(trainer, name)}",
-        )
-    for name in (
-        "valid_every",
-        "valid_bleu_sentences",
-        "patience",
-        "checkpoint_every",
-        "checkpoint_every_minutes",
-        "checkpoint_min_seconds",
-        "keep_checkpoints",
-        "loader_workers",
-    ):
-        _require(
-            getattr(trainer, name) >= 0,
-            f"trainer.{name}",
-            f"must be >= 0, got {getattr(trainer, name)}",
-        )
-    _require(
-        trainer.rank_timeout_minutes > 0,
-        "trainer.rank_timeout_minutes",
-        f"must be positive, got {trainer.rank_timeout_minutes}",
-    )
-    _require(
-        trainer.max_steps > 0 or trainer.max_epochs > 0 or trainer.max_time_minutes > 0,
-        "trainer.max_steps",
-        "no stopping rule: set max_steps, max_epochs or max_time_minutes",
-    )
-    _require(
-        trainer.num_threads >= 0,
-        "trainer.num_threads",
-        f"must be >= 0 (0: torch's default), got {trainer.num_threads}",
-    )
-    validate_sdpa_backends(trainer.sdpa_backends, "trainer.sdpa_backends")
-    compile_setting(trainer.compile)
-    _require(
-        trainer.resume_from is None or trainer.resume != ResumeMode.never,
-        "trainer.resume_from",
-        "continues a run: it needs trainer.resume=auto or force, got never",
-    )
-
-
-def validate_train(cfg: TrainJob) -> None:
-    """Check what the schema's types cannot; raise ConfigError naming the key."""
-    validate_model(cfg.model)
-    validate_decode(cfg.decode)
-    validate_data(cfg.data)
-    validate_optim(cfg.optim)
-    validate_trainer(cfg.trainer)
-    max_sentence = cfg.data.max_tokens_per_sentence
-    _require(
-        cfg.trainer.batch_tokens >= max_sentence + 2,
-        "trainer.batch_tokens",
-        f"{cfg.trainer.batch_tokens} cannot hold one sentence of data.max_tokens_per_sentence="
-        f"{max_sentence} pieces plus BOS/EOS",
-    )
-    _require(
-        max_sentence + 2 <= cfg.model.max_positions,
-        "data.max_tokens_per_sentence",
-        f"{max_sentence} + BOS/EOS exceeds model.max_positions={cfg.model.max_positions}",
-    )

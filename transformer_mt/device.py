@@ -1,4 +1,6 @@
-"""Which device a run uses (precision and kernels: execution.py); the host's CPU cores and
+"""Which device a run uses, and how its process is set up for it, once, by every command alike
+(`prepare_process`: threads, the GPU made current, TF32, malloc; the CUDA allocator when the
+device is resolved); how the model runs on it is execution.py's. The host's CPU cores and
 memory."""
 
 from __future__ import annotations
@@ -147,16 +149,29 @@ def use_cuda_device(device: torch.device) -> None:
         log.info("CUDA: fp32 matrix products in TF32 (10-bit mantissa inputs, fp32 sums)")
 
 
-def set_up_process(name: str) -> torch.device:
-    """The device `name` (resolve_device), with this process set up for it as tmt-train sets its
-    own: on CUDA the caching allocator's expandable segments, asked for before anything starts
-    CUDA (resolve_device), the GPU made current and TF32 for float32 products
-    (use_cuda_device); on the CPU, freed memory kept in the heap (keep_freed_host_memory). The
-    benchmarks call it, so that they time the allocator and the kernels a training run uses."""
-    device = resolve_device(name)
-    if device.type == "cpu":
+def prepare_process(
+    device: torch.device, threads: int = 0, *, keep_freed_memory: bool = True
+) -> None:
+    """Set this process up for running the model on `device` (resolved: `resolve_device`, which
+    already gave CUDA's allocator its expandable segments before anything started CUDA), the one
+    way for training (train/distributed.start_ranks) and decoding (decode/loading.py) alike:
+    `threads` intra-op threads for torch (0: torch's default); on the CPU freed memory kept in
+    the heap (keep_freed_host_memory; keep_freed_memory=False leaves malloc as it is, for a
+    process that embeds the library); on CUDA the GPU made current and TF32 for float32 products
+    (use_cuda_device)."""
+    if threads:
+        torch.set_num_threads(threads)
+    if device.type == "cpu" and keep_freed_memory:
         keep_freed_host_memory()
     use_cuda_device(device)
+
+
+def set_up_process(name: str, threads: int = 0) -> torch.device:
+    """The device `name` (resolve_device), with this process set up for it as the commands set
+    theirs up (`prepare_process`). The benchmarks call it, so that they time the allocator and
+    the kernels a training run uses."""
+    device = resolve_device(name)
+    prepare_process(device, threads)
     return device
 
 

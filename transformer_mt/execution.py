@@ -1,15 +1,35 @@
-"""How a device runs the model, decided in one place: the ExecutionPolicy.
+"""How a device runs the model, decided in one place: the ExecutionPolicy and the rules here.
 
-A run's policy is built once from its settings and its device, and validated with them, before
-anything is written: the precision autocast computes in, the attention kernels
-F.scaled_dot_product_attention may use and in which order, whether torch.compile runs, which
-kernel multiplies the linear layers on the CPU, whether batch lengths are rounded to few shapes,
-and whether a batch holds sentences of one source length (so that attention needs no key-padding
-mask). Training, validation and every search take it: `forward()` is the one context a forward
-pass runs in, `with_kernels` the one way a model gets the policy's kernels and compiled layers
-(the training loss reads the policy for its own chunks: loss.TrainingLoss.for_policy). Nothing
-else in the package enters autocast, SDPA-kernel or oneDNN contexts (the loss turns autocast off
-around its own products, whose precision the policy gives it: train/loss.py).
+A policy is built from a job's settings and its device and validated with them: a training
+run's once, before anything is written (`for_training`: trainer.precision, sdpa_backends,
+compile, cpu_linear, source_lengths); a search's once per call (`for_decoding`: decode.precision,
+sdpa_backends, cpu_linear, quantize, batch_shape, source_lengths; a call's settings may differ
+from the last). It decides
+- what autocast computes in (`autocast_dtype`, the one home of precision=auto for every device),
+  and with it whether the training step scales its loss (fp16: `scales_loss`);
+- which attention kernels F.scaled_dot_product_attention may use, and in which order;
+- whether torch.compile runs (the repeated layers; the loss's chunks: `compile_loss`) and by
+  which backend;
+- what multiplies the linear layers on the CPU (`cpu_products`: torch's F.linear, oneDNN's
+  kernel, int8 weights);
+- how batches are shaped and moved: lengths rounded to few shapes (`round_lengths`), sentences of
+  one source length (`equal_source_lengths`), beam search's fixed-shape batch, a search batch's
+  default size (`decode_batch_tokens`), pinned memory for the copy to the GPU (`pins_memory`);
+- how the training loss works through its tokens (`loss_chunks`: tokens a chunk, padding
+  dropped first or weighted 0, the products' dtype and kernels, compiled or eager).
+Training, validation and every search take it: `forward()` is the one context a forward pass
+runs in; `with_kernels` the one way a model gets the policy's kernels and compiled layers, for
+training (a copy over the model's own parameters) and decoding (a copy whose weights are made
+ready once: onednn.OneDnnLinear, int8.py) alike; `loss_chunks` what the training loss reads
+(train/loss.py). Nothing else in the package enters autocast, SDPA-kernel or oneDNN contexts
+(the loss turns autocast off around its own products, whose dtype `loss_chunks` gives it).
+
+A few rules depend on the tensors of one call, not on a run's settings; they are functions here
+that the model and the search ask: `attends_few_queries` (a decoding step's attention on the
+CPU), `draws_cpu_dropout_masks` (the CPU's dropout masks), `gathers_in_place` (a KV cache's
+gather on MPS) and `score_dtype` (the fixed-shape search's scores). What a process sets once for
+its device (the GPU made current, TF32, the CUDA allocator, malloc, threads) is
+device.prepare_process, for training and decoding alike.
 
 The attention order on CUDA is ours, not torch's: flash, then memory-efficient, then math.
 torch 2.9 and later put cuDNN's attention first on H100/H200 (cuDNN >= 9.15), and cuDNN builds an
@@ -41,26 +61,26 @@ import shutil
 import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.utils import skip_init
 
-from transformer_mt import onednn
+from transformer_mt import int8, onednn
 from transformer_mt.config import (
     BatchShape,
     CpuLinear,
     DecodeConfig,
     Precision,
-    Quantize,
     SdpaBackend,
     SourceLengths,
     TrainerConfig,
     compile_setting,
     validate_sdpa_device,
 )
+from transformer_mt.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -98,14 +118,34 @@ AUTO_EQUAL_SOURCES = {"training": ("cuda",), "decoding": ("cuda",)}
 DECODE_BATCH_TOKENS = {"cpu": 4000, "cuda": 16384}
 
 
-class CpuProducts(str, Enum):
-    """What multiplies the linear layers on the CPU: torch's F.linear, oneDNN's kernel (training:
-    the weight reordered at each call; decoding: reordered once, in a copy), or int8 weights
-    (decoding only)."""
+# The training loss's logits held at once: chunks of about this many elements (64 MiB of fp32 on
+# a CPU), so that a chunk stays small next to the model while its matmuls are still large.
+LOSS_CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**27}
 
-    torch = "torch"
-    onednn = "onednn"
-    int8 = "int8"
+# What a search's copy of the model puts in place of nn.Linear, by the policy's CPU products
+# (int8_batch: torch.ao's dynamic quantization, int8.with_int8_batch_linears).
+DECODING_LINEARS = {CpuLinear.onednn: onednn.OneDnnLinear, CpuLinear.int8: int8.Int8RowLinear}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossChunks:
+    """How the training loss works through a batch's tokens (train/loss.projected_loss), as the
+    policy decides it for its device (`ExecutionPolicy.loss_chunks`)."""
+
+    tokens: int
+    """Tokens a chunk (`loss_chunk_tokens`)."""
+    drop_padding: bool
+    """Select the non-pad positions first, so that padding never reaches the projection: on the
+    CPU. On a GPU that selection would wait for the device (its size is data), so there padded
+    positions go through with weight 0 instead."""
+    dtype: torch.dtype | None = None
+    """The products' dtype (the policy's autocast dtype); None: the tokens' own (float32)."""
+    by_onednn: bool = False
+    """The float32 products by oneDNN's kernel (the policy's CPU products), the weight reordered
+    once for all the chunks."""
+    compiled: bool = False
+    """Each chunk's passes over its logits through torch.compile (loss.softmax_terms)."""
+    compile_backend: str = "inductor"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -118,9 +158,11 @@ class ExecutionPolicy:
     attention: tuple[SdpaBackend, ...] | None
     """SDPA's kernels in order of preference; None: torch's own choice."""
     compile: bool
-    """Whether the training module goes through torch.compile."""
-    cpu_products: CpuProducts
-    """What multiplies the linear layers (and the loss's output projection) on the CPU."""
+    """Whether the training module goes through torch.compile (its repeated layers, and the
+    loss's chunks where `compile_loss`)."""
+    cpu_products: CpuLinear
+    """What multiplies the linear layers (and the output projection) on the CPU: torch, onednn,
+    int8 or int8_batch (a search's only), never none; torch off the CPU and under autocast."""
     fixed_shape_decoding: bool = False
     """Beam search keeps every row to the batch's end in a preallocated KV cache and decides on
     the device which sentences are done (decode.batch_shape; search.fixed_shape_beam_search): on
@@ -135,6 +177,12 @@ class ExecutionPolicy:
     """torch.compile's backend where the policy compiles: Inductor (generated kernels). A CPU
     rehearsal of the GPU check passes aot_eager, which traces the same graphs (Dynamo's guards
     and recompiles, AOTAutograd's forward and backward) without generating their code."""
+    compile_loss: bool = True
+    """Where the policy compiles, whether the loss's chunks compile too (False: only the layers,
+    a column of make gpu-check's training benchmark, benchmarks/bench_train.py)."""
+    decoding: bool = False
+    """A search's policy (`for_decoding`): the weights do not change while a search runs, so
+    `with_kernels` makes them ready once for the CPU's products, in a copy."""
 
     @classmethod
     def for_training(cls, trainer: TrainerConfig, device: torch.device) -> ExecutionPolicy:
@@ -155,24 +203,31 @@ class ExecutionPolicy:
             dtype=dtype,
             attention=attention_order(trainer.sdpa_backends, device),
             compile=compiles,
-            cpu_products=CpuProducts.onednn if onednn_products else CpuProducts.torch,
+            cpu_products=CpuLinear.onednn if onednn_products else CpuLinear.torch,
             equal_source_lengths=equal_sources(trainer.source_lengths, device, "training"),
         )
 
     @classmethod
     def for_decoding(cls, decode: DecodeConfig, device: torch.device) -> ExecutionPolicy:
         """A search's policy (decode.precision, sdpa_backends, cpu_linear, quantize): float32 on
-        the CPU multiplies by int8 weights (decode.quantize=int8) or oneDNN's prepacked ones
-        (decode.cpu_linear=onednn, where torch has oneDNN); never compiled. Beam search's batch
-        keeps a fixed shape on CUDA (decode.batch_shape=auto), shrinks elsewhere."""
+        the CPU multiplies by int8 weights (decode.quantize=int8 or int8_batch, the CPU only:
+        ConfigError naming the key elsewhere) or oneDNN's prepacked ones (decode.cpu_linear=onednn,
+        where torch has oneDNN); never compiled. Beam search's batch keeps a fixed shape on CUDA
+        (decode.batch_shape=auto), shrinks elsewhere."""
         validate_sdpa_device(decode.sdpa_backends, "decode.sdpa_backends", device.type)
-        dtype = autocast_dtype(device, Precision(decode.precision.value))
-        products = CpuProducts.torch
+        if decode.quantize != CpuLinear.none and device.type != "cpu":
+            raise ConfigError(
+                f"config key 'decode.quantize': {decode.quantize.value} runs on the CPU only, not "
+                f"on {device} (PyTorch's int8 kernels are CPU ones); on a GPU "
+                "decode.precision=auto (bf16) is the fast setting"
+            )
+        dtype = autocast_dtype(device, decode.precision)
+        products = CpuLinear.torch
         if device.type == "cpu" and dtype is None:
-            if decode.quantize != Quantize.none:
-                products = CpuProducts.int8
+            if decode.quantize != CpuLinear.none:
+                products = decode.quantize
             elif decode.cpu_linear == CpuLinear.onednn and onednn.available():
-                products = CpuProducts.onednn
+                products = CpuLinear.onednn
         shape = decode.batch_shape
         return cls(
             device=device,
@@ -183,6 +238,7 @@ class ExecutionPolicy:
             fixed_shape_decoding=shape == BatchShape.fixed
             or (shape == BatchShape.auto and device.type == "cuda"),
             equal_source_lengths=equal_sources(decode.source_lengths, device, "decoding"),
+            decoding=True,
         )
 
     @property
@@ -195,6 +251,18 @@ class ExecutionPolicy:
         (tests/data/test_batching.py). With `equal_source_lengths` only the target's length is
         rounded: a rounded source would be padded, and masked."""
         return self.device.type == "cuda" or self.compile
+
+    @property
+    def scales_loss(self) -> bool:
+        """Whether the training step scales its loss (torch.amp.GradScaler): in fp16, whose small
+        gradients would underflow to zero without it."""
+        return self.dtype == torch.float16
+
+    @property
+    def pins_memory(self) -> bool:
+        """Whether training batches are pinned for their copy to the device: on CUDA, where a
+        pinned batch is copied without a staging copy, in the background."""
+        return self.device.type == "cuda"
 
     @contextlib.contextmanager
     def forward(self) -> Iterator[None]:
@@ -211,18 +279,41 @@ class ExecutionPolicy:
             yield
 
     def with_kernels(self, model: nn.Module) -> nn.Module:
-        """`model` as the training step runs it: where the policy has kernels of its own, a copy
-        over the model's own parameters (so that the optimizer, the checkpoint and validation
-        BLEU's searches see one set of weights, and the searches the model as it is), with
-        oneDNN's products on the CPU (onednn.TrainingLinear) and, where it compiles, each of its
-        repeated layers compiled (`compile_repeated_layers`); otherwise the model itself."""
-        onednn_products = self.cpu_products == CpuProducts.onednn
+        """`model` as this policy runs it: where the policy has kernels of its own, a copy of it
+        (`shared_copy`: its own class, new modules over the model's own tensors; the model is
+        left as it is), otherwise the model itself.
+        - Training: oneDNN's products on the CPU with gradients (onednn.TrainingLinear), over the
+          model's own parameters (so that the optimizer, the checkpoint and validation BLEU's
+          searches see one set of weights, and the searches the model as it is), and, where the
+          policy compiles, each of its repeated layers compiled (`compile_repeated_layers`).
+        - Decoding (`decoding`): a copy in eval mode whose linear layers and output projection
+          multiply with weights made ready once for the policy's products (`decoding_copy`); a
+          copy holds the weights of one moment, made again after the model changes."""
+        if self.decoding:
+            return model if self.cpu_products == CpuLinear.torch else decoding_copy(model, self)
+        onednn_products = self.cpu_products == CpuLinear.onednn
         if not (onednn_products or self.compile):
             return model
-        copied = copy_with_linears(model, onednn.TrainingLinear.over if onednn_products else None)
+        copied = shared_copy(model)
+        if onednn_products:
+            replace_linears(copied, onednn.TrainingLinear.over)
         if self.compile:
             compile_repeated_layers(copied, self.compile_backend)
         return copied
+
+    def loss_chunks(self, vocab_size: int) -> LossChunks:
+        """How the training loss works through the tokens under this policy: chunks of
+        `loss_chunk_tokens`, padding dropped first on the CPU, the products in `dtype` (by
+        oneDNN's kernel where the policy takes it), the passes over the logits compiled where
+        the policy compiles the loss."""
+        return LossChunks(
+            tokens=loss_chunk_tokens(self.device, vocab_size),
+            drop_padding=self.device.type == "cpu",
+            dtype=self.dtype,
+            by_onednn=self.cpu_products == CpuLinear.onednn,
+            compiled=self.compile and self.compile_loss,
+            compile_backend=self.compile_backend,
+        )
 
     def describe(self) -> str:
         """One line for the log: what this policy runs."""
@@ -253,7 +344,9 @@ def decode_batch_tokens(device: torch.device) -> int:
 
 
 def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
-    """bf16 on GPU by default, fp16 when asked for; None (fp32) on CPU unless bf16 is asked for."""
+    """What autocast computes in for trainer.precision or decode.precision on `device`, for
+    training and decoding alike: bf16 on CUDA by default, fp16 when asked for; None (fp32)
+    elsewhere unless bf16 is asked for. The one place where precision=auto is decided."""
     if precision == Precision.fp16:
         return torch.float16
     if precision == Precision.bf16 or (precision == Precision.auto and device.type == "cuda"):
@@ -319,17 +412,40 @@ def missing_build_tools() -> str | None:
     return None
 
 
-def copy_with_linears(
-    model: nn.Module, make: Callable[[nn.Linear], nn.Module] | None = None
-) -> nn.Module:
-    """A copy of `model` (of its own class, new modules over the same parameters and buffers)
-    whose every nn.Linear is replaced by make(linear) (None: kept); `model` is left as it is."""
+def shared_copy(model: nn.Module) -> nn.Module:
+    """A copy of `model` of its own class: new modules over the same parameters and buffers
+    (`model` is left as it is)."""
     shared = {id(t): t for t in itertools.chain(model.parameters(), model.buffers())}
-    copied = copy.deepcopy(model, memo=shared)
-    for parent in list(copied.modules()) if make else []:
+    return copy.deepcopy(model, memo=shared)
+
+
+def replace_linears(module: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> None:
+    """Every nn.Linear inside `module` replaced by make(it), in place."""
+    for parent in list(module.modules()):
         for name, child in parent.named_children():
             if type(child) is nn.Linear:
                 setattr(parent, name, make(child))
+
+
+def decoding_copy(model: nn.Module, policy: ExecutionPolicy) -> nn.Module:
+    """A search's copy of our model (`shared_copy`, in eval mode) whose linear layers and output
+    projection multiply with weights made ready once for `policy`'s CPU products: oneDNN's
+    prepacked float32 (onednn.OneDnnLinear), int8 with a scale per input row
+    (int8.Int8RowLinear), or torch.ao's dynamic int8 (int8.with_int8_batch_linears). The output
+    projection is no nn.Linear in the model (Transformer.decode multiplies by the shared
+    embedding, V x D: the largest matmul of a decoding step), so the copy's `output_projection`
+    is a linear layer over the embedding; every other tensor is shared with the model."""
+    copied = shared_copy(model).eval()
+    # skip_init: no initial weights drawn from torch's generator (training validates through
+    # here, and its random stream must not depend on it).
+    vocab, width = model.embed.weight.shape
+    projection = skip_init(nn.Linear, width, vocab, bias=False)
+    projection.weight = model.embed.weight  # (V, D), shared
+    copied.output_projection = projection
+    if policy.cpu_products == CpuLinear.int8_batch:
+        int8.with_int8_batch_linears(copied)
+    else:
+        replace_linears(copied, DECODING_LINEARS[policy.cpu_products])
     return copied
 
 
@@ -358,3 +474,44 @@ def no_duck_shapes() -> None:
     import torch.fx.experimental._config as fx_config
 
     fx_config.use_duck_shape = False
+
+
+def loss_chunk_tokens(device: torch.device, vocab_size: int) -> int:
+    """Tokens per chunk of the training loss: about LOSS_CHUNK_ELEMENTS logits, in whole steps of
+    onednn.ROW_STEP rows, so that the CPU's padded products (onednn.product_in_row_steps) pad
+    only the last chunk (at 37,000 pieces 2**24 elements are 453 rows, which it would pad to 512
+    in every chunk)."""
+    budget = LOSS_CHUNK_ELEMENTS.get(device.type, LOSS_CHUNK_ELEMENTS["cpu"])
+    return onednn.ROW_STEP * max(1, round(budget / vocab_size / onednn.ROW_STEP))
+
+
+# ---- rules decided per call, from the tensors at hand ------------------------------------------
+def attends_few_queries(q: Tensor, training: bool) -> bool:
+    """Whether attention over queries q (N, H, T, Dh) takes model.attend_few_queries, two batched
+    products around a softmax, instead of SDPA: one query row (a decoding step), no dropout, in
+    float32 on the CPU, where SDPA's kernel (built to block long queries) took 1.5-2.9x their
+    time (1,200 rows, 4 heads, 8-40 keys; benchmarks/bench_decode_kernels.py,
+    benchmarks/decode.txt). On a GPU SDPA's kernels handle this shape in one launch, and under
+    bf16 autocast SDPA keeps its scores in float32 where bmm would round them."""
+    return q.shape[2] == 1 and not training and q.device.type == "cpu" and q.dtype == torch.float32
+
+
+def draws_cpu_dropout_masks(x: Tensor) -> bool:
+    """Whether model.Dropout draws its own cheaper masks for x: eagerly on the CPU, where torch's
+    dropout draws a double for every element in one thread (about a tenth of a CPU training
+    step, benchmarks/train_speed.txt). Under torch.compile and on other devices (CUDA's kernel
+    draws four numbers at a time already) it is F.dropout."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
+def gathers_in_place(device: torch.device) -> bool:
+    """Whether a KV cache's rows are gathered into a strided slice in one copy (index_select
+    with out=, model.gathered): on the CPU and CUDA. MPS's kernel has written such an output as
+    if it were contiguous, so there the rows are gathered first, then copied."""
+    return device.type in ("cpu", "cuda")
+
+
+def score_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the fixed-shape search's length-normalised scores on `device`: float64, as
+    the host's search computes them (search.length_penalty); float32 on MPS, which has none."""
+    return torch.float32 if device.type == "mps" else torch.float64

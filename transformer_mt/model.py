@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
+from transformer_mt.execution import attends_few_queries, draws_cpu_dropout_masks, gathers_in_place
 
 
 class EncoderOutput(NamedTuple):
@@ -154,10 +155,9 @@ KVCache = DecoderCache | FixedDecoderCache
 
 def gathered(cached: Tensor, rows: Tensor, length: int, out: Tensor) -> None:
     """out[:, :, :length] = cached[rows, :, :length], for tensors (N, H, positions, Dh): in one
-    copy on the CPU and CUDA, whose index_select writes into a strided slice in place.
-    Elsewhere (MPS's kernel has written such an output as if contiguous) the rows are gathered
-    first, then copied."""
-    if cached.device.type in ("cpu", "cuda"):
+    copy where index_select writes into a strided slice in place (execution.gathers_in_place),
+    else the rows gathered first, then copied."""
+    if gathers_in_place(cached.device):
         torch.index_select(cached[:, :, :length], 0, rows, out=out[:, :, :length])
     else:
         out[:, :, :length] = cached[:, :, :length].index_select(0, rows)
@@ -237,13 +237,6 @@ def attend_few_queries(q: Tensor, k: Tensor, v: Tensor, keep: Tensor | None = No
     return torch.bmm(scores.softmax(dim=-1), v).view(batch, heads, queries, head_dim)
 
 
-def one_query_step(q: Tensor, training: bool) -> bool:
-    """Whether attention takes `attend_few_queries`: one query row (a decoding step), no dropout,
-    in float32 on the CPU (measured there; on a GPU SDPA's kernels handle this shape in one
-    launch, and under bf16 autocast SDPA keeps its scores in float32 where bmm would round them)."""
-    return q.shape[2] == 1 and not training and q.device.type == "cpu" and q.dtype == torch.float32
-
-
 def rows_by_source(q: Tensor, sources: int) -> Tensor:
     """Queries (N, H, T, Dh) of target rows that come N / sources to a source (consecutive rows:
     beam search's beams) as (sources, H, N / sources * T, Dh): each source's rows together."""
@@ -321,7 +314,7 @@ class SelfAttention(nn.Module):
                 mask = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=x.device)
                 mask = mask.tril(diagonal=offset)
             causal = False  # one new position may attend to every cached one
-            if one_query_step(q, self.training):
+            if attends_few_queries(q, self.training):
                 return project(self.out, merge_heads(attend_few_queries(q, k, v, keep)))
         attended = F.scaled_dot_product_attention(
             q,
@@ -363,7 +356,7 @@ class CrossAttention(nn.Module):
             weights = scores.softmax(-1)
             self.kept_weights.append(weights)  # (B, H, T, S)
             return project(self.out, merge_heads(weights @ v))
-        one_query = one_query_step(q, self.training)
+        one_query = attends_few_queries(q, self.training)
         rows = q.shape[0]
         shared = rows != k.shape[0]  # several target rows per source (beam search's beams)
         if shared:
@@ -405,8 +398,8 @@ class Dropout(nn.Module):
     (benchmarks/train_speed.txt). Eagerly on the CPU this cuts each 64-bit draw of the same
     generator into four 16-bit numbers and keeps an element where its number is at or above
     p * 2^16, rounded: p itself is rounded to a multiple of 2^-16 (0.1 becomes 0.1000061). Under
-    torch.compile and on other devices (CUDA's kernel draws four numbers at a time already) it
-    is F.dropout. Either way the masks come from torch's global generator, which checkpoints
+    torch.compile and on other devices it is F.dropout (execution.draws_cpu_dropout_masks
+    decides). Either way the masks come from torch's global generator, which checkpoints
     save, so a resumed run draws the masks an uninterrupted one would.
     """
 
@@ -418,7 +411,7 @@ class Dropout(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not self.training or self.p == 0.0:
             return x
-        if x.device.type != "cpu" or torch.compiler.is_compiling():
+        if not draws_cpu_dropout_masks(x):
             return F.dropout(x, self.p, training=True)
         numbers = torch.empty((x.numel() + 3) // 4, dtype=torch.int64)
         numbers.random_(-(2**63), None)  # every 64-bit value equally likely
@@ -514,7 +507,8 @@ class Transformer(nn.Module):
         self.encoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         self.decoder_norm = nn.LayerNorm(cfg.d_model) if cfg.norm_first else nn.Identity()
         # None: logits are the product with the shared embedding; a decoding copy's module that
-        # computes that product with other kernels (decode/cpu_linear.py), never trained or saved.
+        # computes that product with other kernels (execution.decoding_copy), never trained or
+        # saved.
         self.output_projection: nn.Module | None = None
         self.init_embeddings()
 

@@ -4,19 +4,23 @@ torch's F.linear on the CPU gives MKL the weight as it lies. oneDNN's kernel, wi
 first reordered into its blocked layout (`torch.ops.mkldnn._reorder_linear_weight`, then
 `torch.ops.mkldnn._linear_pointwise`: the pair torch.compile's CPU freezing puts in place of
 nn.Linear), multiplies faster on this project's 2-core machine:
-- decoding's shapes (a few to a few thousand rows), with the weight reordered once when the
-  model is loaded (decode/cpu_linear.py, benchmarks/decode.txt);
+- decoding's shapes (a few to a few thousand rows, 256-1024 wide), with the weight reordered once
+  when the copy that searches is made: F.linear ran 1.1-3.2x slower than the prepacked product
+  (benchmarks/bench_decode_kernels.py, in a process that keeps freed memory as the commands do),
+  and a beam search with the prepacked product took 0.85x the time (benchmarks/decode.txt);
 - training's shapes (a 4,096-token batch: 2,000-4,000 rows, 256-8,000 wide), the reorder paid
   at every call since the weights change at every update: 1.05-1.42x forward, 0.98-1.43x for
   the gradient of the input. The gradient of the weight, a product along the rows, is faster
   by torch's mm (oneDNN 0.5-0.9x), which keeps it (benchmarks/bench_train_kernels.py,
   benchmarks/train_speed.txt).
 
-`TrainingLinear` is an nn.Linear whose products take that kernel, with gradients: the training
-step's copy of the model has them where its execution policy says so (execution.py:
-trainer.cpu_linear=onednn, float32 on the CPU, eager, since torch.compile traces F.linear). The
+Two kinds of layer take it, each in place of an nn.Linear in a copy of the model that the
+execution policy makes where it chose oneDNN's products (execution.ExecutionPolicy.with_kernels):
+`TrainingLinear` (trainer.cpu_linear=onednn, float32 on the CPU, eager, since torch.compile
+traces F.linear), with gradients, over the model's own parameters; `OneDnnLinear`
+(decode.cpu_linear=onednn, float32 on the CPU), the weight prepacked once, no gradients. The
 same float32 products summed in another order: results differ from F.linear's by float32
-rounding.
+rounding (in a search, a near-tie may rank the other way).
 """
 
 from __future__ import annotations
@@ -149,3 +153,21 @@ class TrainingLinear(nn.Linear):
 
     def forward(self, x: Tensor, relu: bool = False) -> Tensor:
         return OneDnnProduct.apply(x, self.weight, self.bias, relu)
+
+
+class OneDnnLinear(nn.Module):
+    """y = x W^T + b with W reordered once for oneDNN's kernel (inference only: no gradients),
+    the rows padded to `decoding_rows` so that oneDNN's caches hold few shapes. Only a search's
+    policy that chose oneDNN's products makes one, over a copy's linear layer."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = packed(linear.weight.detach())
+        self.bias = linear.bias.detach() if linear.bias is not None else None
+
+    def forward(self, x: Tensor) -> Tensor:
+        return product_in_row_steps(x, self.packed, self.bias, rows=decoding_rows)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"

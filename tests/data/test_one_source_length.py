@@ -12,7 +12,7 @@ import torch
 from test_batching import parallel_lengths
 from test_model import tiny_model
 
-from transformer_mt.config import DecodeConfig, SourceLengths, TrainerConfig
+from transformer_mt.config import CpuLinear, DecodeConfig, SourceLengths, TrainerConfig
 from transformer_mt.data.batching import (
     Batch,
     batch_shapes,
@@ -105,7 +105,8 @@ def loss_and_gradients(batches: list[Batch]) -> tuple[list[float], list[torch.Te
     """Summed loss, nll and target tokens over `batches`, and every parameter's summed gradient,
     of the same tiny model (dropout off: each sentence's loss is its own, whatever batch)."""
     model = tiny_model().eval()  # dropout off
-    loss_of = TrainingLoss(model, epsilon=0.1, pad_id=PAD_ID)
+    eager = ExecutionPolicy.for_training(TrainerConfig(cpu_linear=CpuLinear.torch), CPU)
+    loss_of = TrainingLoss.for_policy(model, eager, epsilon=0.1, pad_id=PAD_ID)
     sums = [0.0, 0.0, 0.0]
     for batch in batches:
         found = loss_of(batch.src, batch.tgt_in, batch.tgt_out, batch.src_padded)

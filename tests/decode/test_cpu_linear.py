@@ -1,7 +1,8 @@
-"""decode/cpu_linear.py: copies of our model for the CPU whose linear layers and output
-projection run oneDNN's prepacked float32 product (decode.cpu_linear=onednn, the default) or int8
-weights (decode.quantize=int8): every layer replaced, close to the model (oneDNN: to float32
-rounding), the right copy for each call; the loaded model and the checkpoint left as they were."""
+"""A search's copies of our model for the CPU (execution.ExecutionPolicy.with_kernels), whose
+linear layers and output projection run oneDNN's prepacked float32 product
+(decode.cpu_linear=onednn, the default: onednn.OneDnnLinear) or int8 weights (decode.quantize=int8
+or int8_batch: int8.py): every layer replaced, close to the model (oneDNN: to float32 rounding),
+the right copy for each call; the loaded model and the checkpoint left as they were."""
 
 from __future__ import annotations
 
@@ -16,36 +17,45 @@ from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
 from transformer_mt import onednn
 from transformer_mt.commands.train import train
 from transformer_mt.config import (
+    INT8_PRODUCTS,
     BatchShape,
     CpuLinear,
     DecodeConfig,
-    DecodePrecision,
-    Quantize,
+    Precision,
     Strategy,
     compose_job,
-    validate_decode,
-)
-from transformer_mt.decode.cpu_linear import (
-    Int8RowLinear,
-    LinearKernel,
-    OneDnnLinear,
-    cpu_linear_copy,
 )
 from transformer_mt.decode.loading import load_translator, translator_from_export
 from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import ModelSearch
 from transformer_mt.errors import ConfigError
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.files import file_sha256
+from transformer_mt.int8 import Int8RowLinear
+from transformer_mt.onednn import OneDnnLinear
 
-INT8 = DecodeConfig(quantize=Quantize.int8)
+CPU = torch.device("cpu")
+INT8 = DecodeConfig(quantize=CpuLinear.int8)
 needs_onednn = pytest.mark.skipif(not onednn.available(), reason="this torch has no oneDNN")
-INT8_LAYERS = {Quantize.int8: Int8RowLinear, Quantize.int8_batch: DynamicInt8Linear}
+INT8_LAYERS = {CpuLinear.int8: Int8RowLinear, CpuLinear.int8_batch: DynamicInt8Linear}
 """What each decode.quantize puts in place of nn.Linear."""
 both_int8 = pytest.mark.parametrize("quantize", list(INT8_LAYERS))
 
 
-def int8_copy(model, quantize: Quantize = Quantize.int8):
-    return cpu_linear_copy(model, LinearKernel(quantize.value))
+def cpu_copy(model, products: CpuLinear):
+    """A search's copy of `model` with these CPU products (a float32 search's policy on the CPU,
+    its products as given)."""
+    policy = ExecutionPolicy.for_decoding(DecodeConfig(), CPU)
+    return dataclasses.replace(policy, cpu_products=products).with_kernels(model)
+
+
+def int8_copy(model, quantize: CpuLinear = CpuLinear.int8):
+    return cpu_copy(model, quantize)
+
+
+def members(search: ModelSearch, decode: DecodeConfig) -> Ensemble:
+    """The members that search a call with these settings."""
+    return search.members(ExecutionPolicy.for_decoding(decode, CPU))
 
 
 def linear_kinds(model: nn.Module) -> set[type]:
@@ -67,8 +77,8 @@ def test_every_linear_layer_and_the_output_projection_compute_in_int8(random_mod
     assert float_linears == []
     projection = quantized.output_projection
     assert isinstance(projection, INT8_LAYERS[quantize])
-    weight = projection.weight_t if quantize == Quantize.int8 else projection.weight()
-    assert weight.dtype == (torch.int8 if quantize == Quantize.int8 else torch.qint8)
+    weight = projection.weight_t if quantize == CpuLinear.int8 else projection.weight()
+    assert weight.dtype == (torch.int8 if quantize == CpuLinear.int8 else torch.qint8)
     src = torch.tensor([[5, 9, 13, 7, 3], [22, 41, 3, 0, 0]])
     tgt_in = torch.tensor([[2, 8, 12, 30], [2, 17, 6, 45]])
     with torch.no_grad():
@@ -87,13 +97,13 @@ def test_every_linear_layer_and_the_output_projection_compute_in_int8(random_mod
 def test_int8_is_refused_on_cuda_and_with_bf16_naming_the_key(random_model):
     model = random_model(vocab=50, seed=0)
     with pytest.raises(ConfigError, match=r"'decode\.quantize': int8 runs on the CPU only"):
-        ModelSearch(model, torch.device("cuda"), quantize=Quantize.int8)
+        ModelSearch(model, torch.device("cuda"), quantize=CpuLinear.int8)
     with pytest.raises(ConfigError, match=r"'decode\.precision': bf16 cannot run int8 weights"):
-        validate_decode(dataclasses.replace(INT8, precision=DecodePrecision.bf16))
+        dataclasses.replace(INT8, precision=Precision.bf16).validate()
     with pytest.raises(ConfigError, match=r"'decode\.quantize': int8 is for transformer_mt"):
         translator_from_export("never-read", decode=INT8)  # refused before the folder is read
     job = compose_job("eval", ["run_dir=x", "decode.quantize=int8"])
-    assert job.decode.quantize == Quantize.int8 and job.decode.precision == DecodePrecision.auto
+    assert job.decode.quantize == CpuLinear.int8 and job.decode.precision == Precision.auto
 
 
 def test_int8_batch_without_torch_ao_quantization_is_refused_naming_the_key(
@@ -106,14 +116,14 @@ def test_int8_batch_without_torch_ao_quantization_is_refused_naming_the_key(
     monkeypatch.setitem(sys.modules, "torch.ao.quantization", None)  # as if it were gone
     model = random_model(vocab=50, seed=0)
     with pytest.raises(ConfigError) as refused:
-        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8_batch)
+        ModelSearch(model, torch.device("cpu"), quantize=CpuLinear.int8_batch)
     message = str(refused.value)
     assert message.startswith(
         "config key 'decode.quantize': int8_batch needs torch.ao.quantization"
     )
     assert "\n" not in message and "decode.quantize=int8 or none" in message
-    assert cpu_linear_copy(model, LinearKernel.onednn) is not None  # float32 is unaffected
-    assert cpu_linear_copy(model, LinearKernel.int8) is not None
+    assert cpu_copy(model, CpuLinear.onednn) is not None  # float32 is unaffected
+    assert cpu_copy(model, CpuLinear.int8) is not None
 
 
 @both_int8
@@ -124,7 +134,7 @@ def test_each_member_of_an_ensemble_searches_in_int8(random_model, quantize):
     assert kinds == [{INT8_LAYERS[quantize]}] * 2
     assert [linear_kinds(member) for member in pair.models] == [{nn.Linear}] * 2  # copies
     decode = DecodeConfig(quantize=quantize)
-    assert search.searching(decode) is search.ensemble  # int8 whatever decode.cpu_linear says
+    assert members(search, decode) is search.ensemble  # int8 whatever decode.cpu_linear says
     nbest = search.search([[5, 6, 7], [8, 9]], decode)
     assert [len(hyps) >= 1 for hyps in nbest] == [True, True]
     attention = search.cross_attention([[5, 6, 7]], [nbest[0][0].tokens], layer=-1)
@@ -153,8 +163,8 @@ def test_int8_beam_search_mostly_gives_the_float_models_outputs(random_model):
     sources = [[int(t) for t in torch.randint(4, 60, (n % 12 + 3,))] for n in range(40)]
     beam = DecodeConfig(strategy=Strategy.beam, beam_size=4, max_len_a=1.0, max_len_b=2)
     fp32 = ModelSearch(model, torch.device("cpu")).search(sources, beam)
-    int8 = ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8).search(
-        sources, dataclasses.replace(beam, quantize=Quantize.int8)
+    int8 = ModelSearch(model, torch.device("cpu"), quantize=CpuLinear.int8).search(
+        sources, dataclasses.replace(beam, quantize=CpuLinear.int8)
     )
     same = sum(a[0].tokens == b[0].tokens for a, b in zip(fp32, int8, strict=True))
     assert same >= 24, f"{same} of 40 best hypotheses equal"
@@ -168,7 +178,7 @@ TARGETS = torch.tensor([[2, 8, 12, 30], [2, 17, 6, 45]])
 def test_every_linear_layer_and_the_output_projection_run_onednn_sharing_the_rest(random_model):
     model = random_model(vocab=50, seed=0, sharpen=1.0)
     before = {name: value.clone() for name, value in model.state_dict().items()}
-    packed = cpu_linear_copy(model, LinearKernel.onednn)
+    packed = cpu_copy(model, CpuLinear.onednn)
     assert linear_kinds(packed) == {OneDnnLinear} and linear_kinds(model) == {nn.Linear}
     assert isinstance(packed.output_projection, OneDnnLinear) and model.output_projection is None
     assert packed.embed.weight is model.embed.weight  # shared, not copied
@@ -188,12 +198,12 @@ def test_float32_calls_on_the_cpu_search_with_the_onednn_copies_others_with_the_
 ):
     pair = Ensemble([random_model(vocab=60, seed=s, eos_bonus=1.0) for s in (4, 5)])
     search = ModelSearch(pair, torch.device("cpu"))
-    assert search.onednn_ensemble is None  # made by the first call that needs it
-    onednn = search.searching(DecodeConfig())
+    assert search.copies == {}  # made by the first call that needs them
+    onednn = members(search, DecodeConfig())
     assert [linear_kinds(member) for member in onednn.models] == [{OneDnnLinear}] * 2
-    assert search.searching(DecodeConfig(precision=DecodePrecision.fp32)) is onednn  # made once
-    assert search.searching(DecodeConfig(cpu_linear=CpuLinear.torch)) is search.ensemble
-    assert search.searching(DecodeConfig(precision=DecodePrecision.bf16)) is search.ensemble
+    assert members(search, DecodeConfig(precision=Precision.fp32)) is onednn  # made once
+    assert members(search, DecodeConfig(cpu_linear=CpuLinear.torch)) is search.ensemble
+    assert members(search, DecodeConfig(precision=Precision.bf16)) is search.ensemble
     torch.manual_seed(0)
     sources = [[int(t) for t in torch.randint(4, 60, (n % 12 + 3,))] for n in range(40)]
     beam = DecodeConfig(beam_size=4, max_len_a=1.0, max_len_b=2)
@@ -233,17 +243,17 @@ def test_a_onednn_layer_gives_f_linears_rows_and_the_kernel_its_padded_rows(coun
     assert relative_error(y, reference) < 1e-5
 
 
-@pytest.mark.parametrize("kernel", list(LinearKernel))
+@pytest.mark.parametrize("kernel", [CpuLinear.onednn, *INT8_PRODUCTS])
 def test_a_copy_and_its_search_leave_torchs_random_stream_alone(random_model, kernel):
     """Training validates through these copies: drawing from torch's generator there would
     make a run that validated differ from one that did not (tests/train/test_resume.py)."""
-    if kernel == LinearKernel.onednn and not onednn.available():
+    if kernel == CpuLinear.onednn and not onednn.available():
         pytest.skip("this torch has no oneDNN")
     model = random_model(vocab=50, seed=0)
     onednn.available.cache_clear()  # its probe too, which the first search on the CPU runs
     state = torch.get_rng_state()
     onednn.available()
-    copied = cpu_linear_copy(model, kernel)
+    copied = cpu_copy(model, kernel)
     with torch.no_grad():
         copied.decode(TARGETS, copied.encode(SOURCES))
     assert torch.equal(torch.get_rng_state(), state)
@@ -260,7 +270,7 @@ def test_without_a_working_onednn_product_float32_calls_search_with_the_model(
     try:
         assert not onednn.available()
         search = ModelSearch(random_model(vocab=50, seed=0), torch.device("cpu"))
-        assert search.searching(DecodeConfig()) is search.ensemble
+        assert members(search, DecodeConfig()) is search.ensemble
         assert len(search.search([[5, 6, 7]], DecodeConfig(max_len_b=3))) == 1
     finally:
         onednn.available.cache_clear()  # the next test probes the real kernel again
@@ -273,8 +283,8 @@ def test_an_int8_layer_gives_each_row_what_it_gives_that_row_alone(random_model)
     model = random_model(vocab=60, seed=4)
     torch.manual_seed(0)
     narrow, wide = torch.randn(3, 16), 40 * torch.randn(2, 16)
-    for kernel, independent in [(LinearKernel.int8, True), (LinearKernel.int8_batch, False)]:
-        layer = cpu_linear_copy(model, kernel).output_projection
+    for kernel, independent in [(CpuLinear.int8, True), (CpuLinear.int8_batch, False)]:
+        layer = cpu_copy(model, kernel).output_projection
         with torch.no_grad():
             together, alone = layer(torch.cat([narrow, wide]))[:3], layer(narrow)
         assert torch.equal(together, alone) == independent, kernel
@@ -292,8 +302,8 @@ def test_an_int8_translation_does_not_depend_on_the_sentences_batched_with_it(ra
     torch.manual_seed(0)
     sources = [[int(t) for t in torch.randint(4, 60, (n % 6 + 3,))] for n in range(12)]
     sources[0] = sources[0] * 4  # a longer one, with activations of another range
-    search = ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8)
-    decode = DecodeConfig(beam_size=4, max_len_b=2, quantize=Quantize.int8)
+    search = ModelSearch(model, torch.device("cpu"), quantize=CpuLinear.int8)
+    decode = DecodeConfig(beam_size=4, max_len_b=2, quantize=CpuLinear.int8)
     alone = [search.search([source], decode)[0][0] for source in sources]
     for shape in (BatchShape.shrinking, BatchShape.fixed):
         batched = dataclasses.replace(decode, batch_shape=shape)
@@ -308,8 +318,8 @@ def test_int8_batch_says_that_its_translations_depend_on_the_batch(random_model,
     built with it (tmt-translate, tmt-serve at start) says what it does."""
     model = random_model(vocab=50, seed=0)
     with caplog.at_level(logging.INFO):
-        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8)
+        ModelSearch(model, torch.device("cpu"), quantize=CpuLinear.int8)
     assert "depends on the sentences" not in caplog.text
     with caplog.at_level(logging.WARNING):
-        ModelSearch(model, torch.device("cpu"), quantize=Quantize.int8_batch)
+        ModelSearch(model, torch.device("cpu"), quantize=CpuLinear.int8_batch)
     assert "a sentence's translation depends on the sentences translated with it" in caplog.text

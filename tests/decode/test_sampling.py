@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from transformer_mt.config import DecodeConfig, validate_decode
+from transformer_mt.config import DecodeConfig
 from transformer_mt.decode.sampling import sample_search, sampling_logits
 from transformer_mt.decode.search import greedy_search
 from transformer_mt.errors import ConfigError
@@ -100,4 +100,4 @@ def test_temperature_divides_the_log_probabilities():
 )
 def test_invalid_decode_values_name_the_key(override, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        validate_decode(DecodeConfig(**override))
+        DecodeConfig(**override).validate()

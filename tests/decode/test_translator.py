@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from transformer_mt.config import (
+    CpuLinear,
     DecodeConfig,
-    DecodePrecision,
-    Quantize,
+    Precision,
     SdpaBackend,
     SourceLengths,
     Strategy,
@@ -21,6 +21,7 @@ from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translator import ModelSearch, Translation, Translator
 from transformer_mt.errors import ConfigError
+from transformer_mt.execution import ExecutionPolicy
 
 VOCAB, POSITIONS = 400, 24  # the position table: 23 pieces + EOS (it grows past them)
 
@@ -61,6 +62,37 @@ def test_output_order_is_input_order_whatever_the_lengths(make_translator, decod
     one_by_one = [translator.translate([sentence])[0] for sentence in sentences]
     assert translator.translate(sentences) == one_by_one
     assert len(set(one_by_one)) > 1  # the check compares distinct outputs
+
+
+def test_a_call_checks_its_settings_and_builds_its_execution_policy_once(
+    make_translator, monkeypatch
+):
+    """The policy that batches a call's sentences is the one each batch searches with: built
+    once a call (not again for the batches, nor twice in each search), with the settings given
+    or the defaults, and attention maps read in the call's batches too."""
+    translator = make_translator(batch_tokens=40)  # several batches
+    built = []
+    for_decoding = ExecutionPolicy.for_decoding.__func__
+
+    def counted(cls, decode, device):
+        built.append(decode)
+        return for_decoding(cls, decode, device)
+
+    monkeypatch.setattr(ExecutionPolicy, "for_decoding", classmethod(counted))
+    searched = []
+    search = translator.backend.search
+    monkeypatch.setattr(
+        translator.backend,
+        "search",
+        lambda sources, decode, policy: searched.append(policy) or search(sources, decode, policy),
+    )
+    sentences = sentences_of_shuffled_lengths()
+    translator.translate(sentences)
+    assert len(built) == 1 and len(searched) > 1 and len(set(map(id, searched))) == 1
+    built.clear()
+    greedy = dataclasses.replace(translator.decode, strategy=Strategy.greedy, beam_size=1)
+    translator.translate_nbest(sentences, decode=greedy, attention=-1)
+    assert len(built) == 1 and built[0].strategy == Strategy.greedy
 
 
 def test_empty_input_lines_give_empty_output_lines(make_translator):
@@ -187,11 +219,11 @@ def test_decode_precision_bf16_searches_under_autocast_and_auto_is_fp32_on_the_c
     translator = make_translator(strategy=strategy, beam_size=2 if strategy == Strategy.beam else 1)
     dtypes = record_logit_dtypes(translator.backend.model)
     sentences = sentences_of_shuffled_lengths()
-    assert translator.decode.precision == DecodePrecision.auto
+    assert translator.decode.precision == Precision.auto
     translator.translate(sentences)
     assert set(dtypes) == {torch.float32}
     dtypes.clear()
-    bf16 = dataclasses.replace(translator.decode, precision=DecodePrecision.bf16)
+    bf16 = dataclasses.replace(translator.decode, precision=Precision.bf16)
     outputs = translator.translate(sentences, decode=bf16)
     assert set(dtypes) == {torch.bfloat16}
     assert len(outputs) == len(sentences) and all(outputs)
@@ -201,7 +233,7 @@ def test_decode_precision_fp32_is_fp32_inside_an_enclosing_autocast(make_transla
     """Training's validation translates inside the trainer's autocast: the decode setting wins."""
     translator = make_translator(beam_size=2)
     dtypes = record_logit_dtypes(translator.backend.model)
-    fp32 = dataclasses.replace(translator.decode, precision=DecodePrecision.fp32)
+    fp32 = dataclasses.replace(translator.decode, precision=Precision.fp32)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         translator.translate(["the dog sees a cat."], decode=fp32)
     assert set(dtypes) == {torch.float32}
@@ -215,7 +247,7 @@ class Echo:
     strategies = (Strategy.beam,)
     max_source_tokens = None
 
-    def search(self, sources, decode):
+    def search(self, sources, decode, policy):
         return [[Hypothesis(list(source), 0.0)] for source in sources]
 
 
@@ -224,9 +256,9 @@ def test_a_precision_or_quantization_a_backend_does_not_offer_is_named(tokenizer
     assert translator.translate(["the dog."]) == ["the dog."]
     not_offered = r"'decode\.precision': bf16 is not available with a echo model \(auto\)"
     with pytest.raises(ConfigError, match=not_offered):
-        translator.translate(["the dog."], decode=DecodeConfig(precision=DecodePrecision.bf16))
+        translator.translate(["the dog."], decode=DecodeConfig(precision=Precision.bf16))
     with pytest.raises(ConfigError, match=r"'decode\.quantize': int8 is chosen when the model is"):
-        translator.translate(["the dog."], decode=DecodeConfig(quantize=Quantize.int8))
+        translator.translate(["the dog."], decode=DecodeConfig(quantize=CpuLinear.int8))
 
 
 class EchoOnCuda(Echo):

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 from toy_runs import learned_toy_run, split_bleu
 
-from transformer_mt.config import DecodeConfig, DecodePrecision, ModelConfig
+from transformer_mt.config import DecodeConfig, ModelConfig, Precision
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer_mt.decode.loading import load_translator
@@ -165,17 +165,17 @@ def record_logits_and_tf32(model) -> set[tuple[torch.dtype, bool]]:
 def test_decode_precision_auto_is_bf16_on_cuda_and_its_bleu_is_near_fp32s(tmp_path):
     run_dir = learned_toy_run(tmp_path, "trainer.device=cuda", "trainer.compile=false")
     seen, bleu, outputs = {}, {}, {}
-    for precision in (DecodePrecision.auto, DecodePrecision.fp32):
+    for precision in (Precision.auto, Precision.fp32):
         decode = DecodeConfig(beam_size=4, precision=precision)
         translator = load_translator(run_dir, decode=decode, device="cuda")
         seen[precision] = record_logits_and_tf32(translator.backend.model)
         bleu[precision], outputs[precision] = split_bleu(translator, run_dir)
     same = sum(a == b for a, b in zip(*outputs.values(), strict=True))
     print(f"toy test split on CUDA: BLEU {bleu}; {same} of 100 outputs equal")
-    assert {dtype for dtype, _ in seen[DecodePrecision.auto]} == {torch.bfloat16}
-    assert seen[DecodePrecision.fp32] == {(torch.float32, True)}  # in TF32 (use_cuda_device)
-    assert bleu[DecodePrecision.fp32] > 15
+    assert {dtype for dtype, _ in seen[Precision.auto]} == {torch.bfloat16}
+    assert seen[Precision.fp32] == {(torch.float32, True)}  # in TF32 (device.prepare_process)
+    assert bleu[Precision.fp32] > 15
     # bf16 rounds each matmul's inputs to 8 significant bits (0.4%), less than int8's 7-bit
     # activations: int8 keeps its Multi30k BLEU near float32's (benchmarks/decode.txt), so bf16
     # should a fortiori.
-    assert abs(bleu[DecodePrecision.auto] - bleu[DecodePrecision.fp32]) <= 2.0
+    assert abs(bleu[Precision.auto] - bleu[Precision.fp32]) <= 2.0

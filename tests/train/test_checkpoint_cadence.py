@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from transformer_mt.commands.train import train
-from transformer_mt.config import compose_job, validate_train
+from transformer_mt.config import compose_job
 from transformer_mt.data.batching import plan_batches
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy
@@ -84,7 +84,7 @@ def test_no_minimum_interval_writes_every_periodic_checkpoint(tmp_path, clock):
 def test_the_minimum_interval_cannot_be_negative(tmp_path):
     job = compose_job("multi30k", [f"run_dir={tmp_path}", "trainer.checkpoint_min_seconds=-1"])
     with pytest.raises(ConfigError, match="trainer.checkpoint_min_seconds"):
-        validate_train(job)
+        job.validate()
 
 
 def test_the_gpu_recipe_plans_for_cuda_and_checkpoints_by_time(tmp_path, clock):
@@ -93,7 +93,7 @@ def test_the_gpu_recipe_plans_for_cuda_and_checkpoints_by_time(tmp_path, clock):
     padded tokens per update; checkpoints by time alone, enough of them kept for make average
     N=auto, and none for an update count however fast the updates come."""
     job = compose_job("multi30k_gpu", [f"run_dir={tmp_path / 'run'}"])
-    validate_train(job)
+    job.validate()
     trainer = job.trainer
     policy = ExecutionPolicy.for_training(trainer, torch.device("cuda"))
     assert policy.dtype == torch.bfloat16 and policy.round_lengths

@@ -80,8 +80,8 @@ def test_keep_checkpoints_0_keeps_last_pt_alone_and_resumes_from_it(tiny_train_j
 
 
 class Died(Exception):
-    """What the test's own SIGTERM handler raises: the signal reached the process's previous
-    handler, as it would kill a real one."""
+    """What the test's own handlers raise: the signal reached a handler before the checkpoint
+    was written, as it would kill a real process."""
 
 
 @pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
@@ -95,8 +95,18 @@ def test_a_stop_signal_during_the_final_validation_still_writes_the_last_checkpo
     def died(signum, frame):
         raise Died(signal.Signals(signum).name)
 
+    checkpoint_written_when_passed_on = []
+
+    def launchers_handler(signum, frame):
+        """The handler a launcher installed before training (as submitit's): the signal may
+        reach it once the checkpoint is written (signals.pass_on), never while validating."""
+        written = RunDir(job.run_dir).checkpoints.step_file(3).exists()
+        checkpoint_written_when_passed_on.append(written)
+        if not written:
+            raise Died(signal.Signals(signum).name)
+
     monkeypatch.setattr(signal, "default_int_handler", died)  # a second Ctrl-C's handler
-    previous = signal.signal(stop_signal, died)
+    previous = signal.signal(stop_signal, launchers_handler)
     validate = Trainer.validate_and_judge
 
     def validate_with_a_signal(trainer: Trainer):
@@ -113,3 +123,5 @@ def test_a_stop_signal_during_the_final_validation_still_writes_the_last_checkpo
     finally:
         signal.signal(stop_signal, previous)
     assert RunDir(job.run_dir).history()[-1]["how"] == "finished"
+    # Ctrl-C is never passed on; SIGTERM is, once, after the checkpoint.
+    assert checkpoint_written_when_passed_on == ([True] if stop_signal == signal.SIGTERM else [])

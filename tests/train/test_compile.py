@@ -23,7 +23,7 @@ from toy_runs import trainer_for
 
 from transformer_mt import execution
 from transformer_mt.commands.train import train
-from transformer_mt.config import ModelConfig, Precision, TrainerConfig, compile_setting
+from transformer_mt.config import CpuLinear, ModelConfig, Precision, TrainerConfig, compile_setting
 from transformer_mt.data.batching import collate, pad_sequences, token_batches
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy, should_compile
@@ -34,6 +34,10 @@ from transformer_mt.train.compiling import CompileCounts
 from transformer_mt.train.loss import TrainingLoss, compiled_softmax_terms
 
 CPU = torch.device("cpu")
+EAGER = ExecutionPolicy.for_training(
+    TrainerConfig(compile="false", cpu_linear=CpuLinear.torch), CPU
+)
+"""An eager policy with torch's products: the loss over the model as it is."""
 
 
 @pytest.mark.parametrize(
@@ -131,7 +135,7 @@ def test_compiled_layers_equal_eager_ones_and_every_layer_shares_their_graphs():
     # kernels), so loss, nll and every gradient agree to float32 rounding; 1e-5 of each tensor's
     # largest entry is two orders of magnitude above it and far below any real difference.
     model = tiny_model()
-    eager = TrainingLoss(model, epsilon=0.1, pad_id=0)
+    eager = TrainingLoss.for_policy(model, EAGER, epsilon=0.1, pad_id=0)
     policy = ExecutionPolicy.for_training(TrainerConfig(compile="true"), CPU)
     compiled = TrainingLoss.for_policy(model, policy, epsilon=0.1, pad_id=0)
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
@@ -325,7 +329,7 @@ def test_a_first_batch_whose_source_and_target_share_a_length_makes_no_later_rec
     after a first batch with S == T, and compile it again at the first batch without."""
     model = tiny_model()
     execution.compile_repeated_layers(model)
-    loss = TrainingLoss(model, epsilon=0.1, pad_id=0)
+    loss = TrainingLoss.for_policy(model, EAGER, epsilon=0.1, pad_id=0)
     counts = []
     for seed, (rows, src_length, tgt_length) in enumerate([(5, 9, 9), (5, 11, 7), (6, 8, 13)]):
         loss(*batch(rows, src_length, tgt_length, seed)).loss.backward()

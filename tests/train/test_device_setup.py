@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from toy_runs import trainer_for
 
+from transformer_mt import device as process_setup
 from transformer_mt.data.prepare import prepare
 from transformer_mt.device import ALLOCATOR_SETTINGS
 from transformer_mt.train import distributed
@@ -50,6 +51,21 @@ def test_a_gpu_given_by_index_becomes_the_current_one_with_tf32_matmuls(fake_gpu
     assert torch.get_float32_matmul_precision() == "high"
     assert torch.backends.cuda.matmul.allow_tf32  # the setting torch.compile reads, readable
     assert caplog.text.count("fp32 matrix products in TF32") == 1  # logged once
+
+
+def test_a_run_on_the_cpu_gets_its_threads_and_malloc_setting_as_decoding_does(
+    fake_gpus, monkeypatch
+):
+    """Training's ranks set their process up as loading a translator does: one
+    device.prepare_process (trainer.num_threads, glibc's malloc keeping freed memory)."""
+    calls = []
+    monkeypatch.setattr(process_setup, "keep_freed_host_memory", lambda: calls.append("malloc"))
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: calls.append(("threads", n)))
+    start_ranks("cpu", threads=3)
+    assert calls == [("threads", 3), "malloc"]
+    calls.clear()
+    process_setup.prepare_process(torch.device("cpu"), keep_freed_memory=False)  # a library user
+    assert calls == []
 
 
 def test_cuda_without_an_index_and_the_cpu_keep_the_current_device(fake_gpus):

@@ -188,7 +188,8 @@ def rank_process(
     overrides of this rank only; `resume_step`: this rank finds step_N.pt as the newest checkpoint
     (as a stale directory listing on its node would); `count_collectives`: see
     count_update_collectives; `fail_at`: this rank raises RuntimeError at that update (0: never).
-    An error is written to rankN.error (and, as torchrun asks, to rankN.torchrun.json)."""
+    An error is written to rankN.error (and, as torchrun asks, to rankN.torchrun.json) beside the
+    run folder: a refused command leaves no run folder."""
     if slurm_job:
         os.environ.update(slurm_task(rank, slurm_job))
     else:
@@ -238,11 +239,13 @@ def rank_process(
 
         CheckpointFolder.newest_readable = stale_listing
     job = compose_job("train", [*overrides, *extra])
-    os.environ["TORCHELASTIC_ERROR_FILE"] = str(Path(job.run_dir, f"rank{rank}.torchrun.json"))
+    os.environ["TORCHELASTIC_ERROR_FILE"] = str(
+        Path(job.run_dir).with_name(f"rank{rank}.torchrun.json")
+    )
     try:
         train(job)
     except TransformerMTError as error:
-        Path(job.run_dir, f"rank{rank}.error").write_text(str(error))
+        Path(job.run_dir).with_name(f"rank{rank}.error").write_text(str(error))
         raise
 
 
@@ -440,7 +443,7 @@ def test_ranks_that_would_prepare_different_folders_both_stop_with_the_reason(
     overrides = [*same_batches, "trainer.max_steps=2", f"run_dir={run_dir}"]
     run_two_ranks(overrides, {}, {"extra": ("data.vocab_size=390",)}, succeed=False)
     for rank in range(2):
-        message = (run_dir / f"rank{rank}.error").read_text()
+        message = run_dir.with_name(f"rank{rank}.error").read_text()
         assert "the ranks planned different starts (prepared folder: rank 0: " in message
         assert "rank 1: " in message
     assert not (run_dir / "checkpoints").exists()  # refused before training
@@ -452,7 +455,7 @@ def test_ranks_that_would_resume_different_checkpoints_both_stop(same_batches, t
     train(compose_job("train", [*first, "trainer.max_steps=4"]))
     run_two_ranks([*first, "trainer.max_steps=6"], {}, {"resume_step": 2}, succeed=False)
     for rank in range(2):
-        message = (run_dir / f"rank{rank}.error").read_text()
+        message = run_dir.with_name(f"rank{rank}.error").read_text()
         assert "(checkpoint: rank 0: " in message and "step_4.pt (update 4)" in message
         assert "step_2.pt (update 2)" in message
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
@@ -483,9 +486,9 @@ def test_a_rank_that_fails_ends_both_ranks_at_once_and_every_error_starts_with_i
     assert not hung, "a rank did not end"
     assert [process.exitcode for process in processes] == [1, 1]
     cause = "rank 1 failed: RuntimeError: rank 1 fails at update 3"
-    assert (run_dir / "rank0.error").read_text().splitlines()[0] == cause
+    assert run_dir.with_name("rank0.error").read_text().splitlines()[0] == cause
     for rank in range(2):
-        said = json.loads((run_dir / f"rank{rank}.torchrun.json").read_text())["message"]
+        said = json.loads(run_dir.with_name(f"rank{rank}.torchrun.json").read_text())["message"]
         assert said["extraInfo"]["py_callstack"] == said["message"] == cause
 
 

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import pytest
@@ -5,8 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
+from transformer_mt.config import CpuLinear, Precision, TrainerConfig
+from transformer_mt.execution import ExecutionPolicy, LossChunks, loss_chunk_tokens
 from transformer_mt.onednn import ROW_STEP
-from transformer_mt.train.loss import default_chunk_tokens, label_smoothed_loss, projected_loss
+from transformer_mt.train.loss import label_smoothed_loss, projected_loss
+
+
+def chunks(tokens: int = 1000, drop_padding: bool = True, **settings) -> LossChunks:
+    return LossChunks(tokens=tokens, drop_padding=drop_padding, **settings)
 
 
 def test_label_smoothed_loss_equals_hand_computed_value():
@@ -44,7 +51,7 @@ def test_no_smoothing_is_plain_nll():
     torch.testing.assert_close(sums.loss, sums.nll)
 
 
-def plain_and_projected(rows=3, length=7, vocab=23, width=16, epsilon=0.1, seed=0, **kwargs):
+def plain_and_projected(rows=3, length=7, vocab=23, width=16, epsilon=0.1, seed=0, **settings):
     """The plain loss over F.linear's logits and projected_loss, with both gradients."""
     generator = torch.Generator().manual_seed(seed)
     hidden = torch.randn(rows, length, width, generator=generator)
@@ -56,7 +63,9 @@ def plain_and_projected(rows=3, length=7, vocab=23, width=16, epsilon=0.1, seed=
     for projected in (False, True):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         if projected:
-            sums = projected_loss(h, w, target, epsilon=epsilon, pad_id=0, **kwargs)
+            sums = projected_loss(
+                h, w, target, epsilon=epsilon, pad_id=0, chunks=chunks(**settings)
+            )
         else:
             sums = label_smoothed_loss(F.linear(h, w), target, epsilon=epsilon, pad_id=0)
         sums.loss.backward()
@@ -71,7 +80,7 @@ def test_projected_loss_equals_the_plain_one_with_its_gradients(
     chunk_tokens, epsilon, drop_padding
 ):
     (plain, h_plain, w_plain), (ours, h_ours, w_ours) = plain_and_projected(
-        epsilon=epsilon, chunk_tokens=chunk_tokens, drop_padding=drop_padding
+        epsilon=epsilon, tokens=chunk_tokens, drop_padding=drop_padding
     )
     torch.testing.assert_close(ours.loss, plain.loss, rtol=1e-6, atol=0)
     torch.testing.assert_close(ours.nll, plain.nll, rtol=1e-6, atol=0)
@@ -99,13 +108,13 @@ def test_projected_loss_under_no_grad_gives_the_same_sums_and_computes_no_gradie
     target[1, 3:] = 0
     target[2, 1:] = 0
     with torch.no_grad(), FlopCounterMode(display=False) as flops:
-        sums = projected_loss(hidden, weight, target, epsilon=0.1, pad_id=0, chunk_tokens=2)
+        sums = projected_loss(hidden, weight, target, epsilon=0.1, pad_id=0, chunks=chunks(2))
     torch.testing.assert_close(sums.loss, plain.loss.detach(), rtol=1e-6, atol=0)
     tokens = int(sums.n_tokens)
     assert flops.get_total_flops() == 2 * tokens * 16 * 23
 
 
-def test_projected_loss_under_bf16_autocast_follows_the_plain_one():
+def test_projected_loss_in_bf16_follows_the_plain_one_under_bf16_autocast():
     # Both round the logits' matmul to bf16 and take everything after it in fp32.
     torch.manual_seed(3)
     hidden, weight = torch.randn(4, 9, 32), torch.randn(40, 32) * 32**-0.5
@@ -115,7 +124,8 @@ def test_projected_loss_under_bf16_autocast_follows_the_plain_one():
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             if projected:
-                sums = projected_loss(h, w, target, epsilon=0.1, pad_id=0, chunk_tokens=5)
+                in_bf16 = chunks(5, dtype=torch.bfloat16)
+                sums = projected_loss(h, w, target, epsilon=0.1, pad_id=0, chunks=in_bf16)
             else:
                 sums = label_smoothed_loss(F.linear(h, w), target, epsilon=0.1, pad_id=0)
         sums.loss.backward()
@@ -135,8 +145,51 @@ def test_projected_loss_under_bf16_autocast_follows_the_plain_one():
 def test_default_chunks_are_whole_row_steps(vocab_size, expected):
     # 2**24 logits per chunk on the CPU, in whole steps of ROW_STEP rows: at 37,000 pieces
     # 453 rows would be padded to 512 for every chunk's products; at least one step.
-    chunk = default_chunk_tokens(torch.device("cpu"), vocab_size)
+    chunk = loss_chunk_tokens(torch.device("cpu"), vocab_size)
     assert chunk == expected and chunk % ROW_STEP == 0
+
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    ("settings", "dtype", "by_onednn"),
+    [
+        ({}, None, True),
+        ({"cpu_linear": CpuLinear.torch}, None, False),
+        ({"precision": Precision.bf16}, torch.bfloat16, False),
+    ],
+)
+def test_the_policy_gives_the_loss_its_chunks_dtype_and_products(settings, dtype, by_onednn):
+    """The loss's way through the tokens is the execution policy's, not the device's or the
+    enclosing autocast's: its chunk size, padding dropped first on the CPU, its products'
+    dtype and kernel; compiled where the policy compiles its loss (not where it says not to)."""
+    policy = ExecutionPolicy.for_training(TrainerConfig(**settings), CPU)
+    chunks = policy.loss_chunks(8000)
+    assert (chunks.tokens, chunks.drop_padding, chunks.dtype) == (2048, True, dtype)
+    assert chunks.by_onednn == (by_onednn and policy.cpu_products == CpuLinear.onednn)
+    assert not chunks.compiled
+    compiled = dataclasses.replace(policy, compile=True)
+    assert compiled.loss_chunks(8000).compiled
+    assert not dataclasses.replace(compiled, compile_loss=False).loss_chunks(8000).compiled
+
+
+def test_an_fp32_policys_loss_stays_fp32_inside_an_enclosing_autocast():
+    """Validation's loss can run inside another autocast (a caller's): the products follow the
+    policy's dtype (fp32 here), as the plain fp32 loss, not the bf16 around them."""
+    (plain, _, _), _ = plain_and_projected()
+    generator = torch.Generator().manual_seed(0)  # plain_and_projected's hidden, weight, target
+    hidden = torch.randn(3, 7, 16, generator=generator)
+    weight = torch.randn(23, 16, generator=generator) * 16**-0.5
+    target = torch.randint(1, 23, (3, 7), generator=generator)
+    target[1, 3:] = 0
+    target[2, 1:] = 0
+    fp32 = ExecutionPolicy.for_training(TrainerConfig(cpu_linear=CpuLinear.torch), CPU)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        sums = projected_loss(
+            hidden, weight, target, epsilon=0.1, pad_id=0, chunks=fp32.loss_chunks(23)
+        )
+    torch.testing.assert_close(sums.loss, plain.loss.detach(), rtol=1e-6, atol=0)
 
 
 @pytest.mark.slow  # torch.compile's code generation on the CPU
@@ -145,7 +198,7 @@ def test_compiled_chunks_equal_the_plain_loss_in_fp32_and_within_bf16_rounding()
     # (softmax_terms); in fp32 they equal the plain loss as the eager ones do, and under bf16
     # autocast they stay within bf16's rounding of it, as the eager ones do (test above).
     (plain, h_plain, w_plain), (ours, h_ours, w_ours) = plain_and_projected(
-        chunk_tokens=4, drop_padding=False, compiled_chunks=True
+        tokens=4, drop_padding=False, compiled=True
     )
     torch.testing.assert_close(ours.loss, plain.loss, rtol=1e-6, atol=0)
     torch.testing.assert_close(h_ours, h_plain, rtol=1e-5, atol=1e-6)
@@ -160,7 +213,7 @@ def test_compiled_chunks_equal_the_plain_loss_in_fp32_and_within_bf16_rounding()
     target[2, 1:] = 0
     with torch.no_grad():  # validation's graph: no gradient
         sums = projected_loss(
-            hidden, weight * 16**-0.5, target, epsilon=0.1, pad_id=0, compiled_chunks=True
+            hidden, weight * 16**-0.5, target, epsilon=0.1, pad_id=0, chunks=chunks(compiled=True)
         )
     torch.testing.assert_close(sums.loss, plain.loss.detach(), rtol=1e-6, atol=0)
     torch.manual_seed(3)
@@ -171,9 +224,8 @@ def test_compiled_chunks_equal_the_plain_loss_in_fp32_and_within_bf16_rounding()
     for compiled in (False, True):
         h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            sums = projected_loss(
-                h, w, target, epsilon=0.1, pad_id=0, chunk_tokens=5, compiled_chunks=compiled
-            )
+            in_bf16 = chunks(5, dtype=torch.bfloat16, compiled=compiled)
+            sums = projected_loss(h, w, target, epsilon=0.1, pad_id=0, chunks=in_bf16)
         sums.loss.backward()
         results.append((sums.loss.detach(), sums.nll, h.grad, w.grad))
     with torch.autocast("cpu", dtype=torch.bfloat16):

@@ -62,12 +62,12 @@ def test_out_of_memory_is_one_line_and_a_smaller_batch_resumes(tiny_train_job):
 def too_big_raises(forward):
     """TrainingLoss.forward on a stand-in GPU that holds MEMORY padded tokens a micro-batch."""
 
-    def limited(self, src, tgt_in, tgt_out):
+    def limited(self, src, tgt_in, tgt_out, *args, **kwargs):
         if src.shape[0] * max(src.shape[1], tgt_in.shape[1]) > MEMORY:
             raise torch.cuda.OutOfMemoryError(
                 "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of "
                 "139.80 GiB of which 1.12 GiB is free."
             )
-        return forward(self, src, tgt_in, tgt_out)
+        return forward(self, src, tgt_in, tgt_out, *args, **kwargs)
 
     return limited

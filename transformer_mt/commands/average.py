@@ -18,9 +18,9 @@ from transformer_mt.checkpoint import (
     step_checkpoints,
 )
 from transformer_mt.commands.valid_choice import average_grid, choose_on_valid, valid_prefix
-from transformer_mt.config import AUTO, AverageJob, config_dict, validate_decode
+from transformer_mt.config import AUTO, AverageJob, config_dict
 from transformer_mt.decode.translator import Translator
-from transformer_mt.device import resolve_device
+from transformer_mt.device import prepare_process, resolve_device
 from transformer_mt.errors import ConfigError, DamagedCheckpoint
 from transformer_mt.run_dir import RunDir
 
@@ -28,7 +28,7 @@ from transformer_mt.run_dir import RunDir
 def average(job: AverageJob) -> tuple[list[Path], Path]:
     """Average the newest job.last step checkpoints (last=auto: the best number on valid);
     return them and the file written."""
-    check_last(job.last)
+    job.validate()
     run = RunDir(job.run_dir)
     output = run.checkpoint(job.output)
     check_output(output, job.output, run)
@@ -68,22 +68,15 @@ def check_output(output: Path, name: str, run: RunDir) -> None:
         )
 
 
-def check_last(last) -> None:
-    if last != AUTO and (isinstance(last, bool) or not isinstance(last, int) or last < 1):
-        raise ConfigError(
-            f"config key 'last': must be a positive number of checkpoints or auto, got {last!r}"
-        )
-
-
 def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dict]:
     """last=auto: of the averages of the newest N step checkpoints, N from average_grid, the
     one whose translation of the valid split's first sentences has the best BLEU, with the
     choice recorded in it."""
-    validate_decode(job.decode)
     folder = run.checkpoints
     newest = folder.newest_steps(max(1, len(step_checkpoints(folder.path))))  # all that are kept
     sources, references = valid_prefix(run.data_config(), job.valid_sentences, "valid_sentences")
     tokenizers, device = run.tokenizers(), resolve_device(job.device)
+    prepare_process(device)  # as tmt-eval's (decode/loading.py)
     unicode_form = run.data_config().unicode_form
 
     def translate(n: int) -> list[str]:

@@ -18,14 +18,11 @@ from transformer_mt.config import (
     AUTO,
     DecodeConfig,
     EvalJob,
-    Strategy,
     config_dict,
-    validate_decode,
 )
 from transformer_mt.data.sources import corpus_identity, read_pairs
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
-from transformer_mt.errors import ConfigError
 from transformer_mt.metrics import (
     SacreBleuScores,
     TokenizedBleu,
@@ -86,21 +83,10 @@ class EvalReport:
 
 def evaluate(job: EvalJob) -> EvalReport:
     """Translate the split; write hypotheses and scores into the run folder; return the report."""
+    job.validate()
     auto = job.decode.length_penalty == AUTO
-    if auto and job.decode.strategy != Strategy.beam:
-        raise ConfigError(
-            "config key 'decode.length_penalty': auto chooses beam search's alpha, which "
-            f"decode.strategy={job.decode.strategy.value} does not use; give a number"
-        )
-    if auto and job.split == "valid":
-        raise ConfigError(
-            "config key 'decode.length_penalty': auto chooses alpha on the valid split, which "
-            "split=valid would then score: a score tuned on its own sentences; give a number, "
-            "or score another split (split=test)"
-        )
     # auto: the translator's own alpha is never used; each call below names the one it tries.
     decode = dataclasses.replace(job.decode, length_penalty=0.0) if auto else job.decode
-    validate_decode(decode)
     run = RunDir(job.run_dir)
     data_cfg = run.data_config()
     translator = load_translator(run.path, job.checkpoint, decode=decode, device=job.device)

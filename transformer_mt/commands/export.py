@@ -15,7 +15,6 @@ from transformer_mt.decode.loading import (
     LoadedCheckpoint,
     load_run_checkpoint,
 )
-from transformer_mt.errors import ConfigError
 from transformer_mt.export import ctranslate2 as ctranslate2_export
 from transformer_mt.export import transformers as transformers_export
 from transformer_mt.files import check_replaceable
@@ -24,12 +23,8 @@ from transformer_mt.run_dir import RunDir
 
 def export(job: ExportJob) -> Path:
     """Write the run's checkpoint in job.format; return the folder."""
+    job.validate()
     if job.format == ExportFormat.transformers:
-        if job.quantization is not None:
-            raise ConfigError(
-                f"config key 'quantization': {job.quantization} is for format=ctranslate2; "
-                "format=transformers writes float32 (null)"
-            )
         transformers_export.import_transformers()  # fail before loading anything
     else:
         import_ctranslate2()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from transformer_mt.config import ServeJob, validate_serve
+from transformer_mt.config import ServeJob
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.errors import TransformerMTError
 
@@ -13,17 +13,16 @@ log = logging.getLogger(__name__)
 
 
 def serve(job: ServeJob) -> None:
-    validate_serve(job)  # before the model loads
+    job.validate()  # before the model loads (its limits too)
     try:
         import uvicorn
 
-        from transformer_mt.serve.app import check_limits, create_app
+        from transformer_mt.serve.app import create_app
     except ImportError as error:
         raise TransformerMTError(
             f"tmt-serve needs the serve extra ({error.name} is missing): pip install "
             "'transformer_mt[serve]'"
         ) from error
-    check_limits(job)  # before the model is loaded
     translator = load_translator(  # the one Translator of the server's lifetime
         job.run_dir, job.checkpoint, decode=job.decode, device=job.device
     )

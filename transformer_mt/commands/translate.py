@@ -20,7 +20,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
-from transformer_mt.config import TranslateJob, validate_decode
+from transformer_mt.config import TranslateJob
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import ConfigError, TransformerMTError
@@ -33,7 +33,7 @@ line, about 40k for 200-piece sentences, so chunks are kept small."""
 
 
 def translate(job: TranslateJob) -> None:
-    validate_decode(job.decode)  # before the model loads (decode.length_penalty=auto: eval's)
+    job.validate()  # before the model loads
     check_distinct_files(job)  # before anything is opened for writing
     translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
     with ExitStack() as files:

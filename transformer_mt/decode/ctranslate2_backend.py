@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.config import DecodeConfig, DecodePrecision, Quantize, Strategy
+from transformer_mt.config import CpuLinear, DecodeConfig, Precision, Strategy
 from transformer_mt.data.tokenizer import EOS_ID, Tokenizer, Tokenizers, vocabulary
 from transformer_mt.decode.search import Hypothesis, length_penalty
 from transformer_mt.errors import ConfigError, TransformerMTError
@@ -109,8 +109,8 @@ class CTranslate2Search:
 
     name = "CTranslate2"
     strategies = (Strategy.beam, Strategy.greedy)
-    precisions = (DecodePrecision.auto,)  # it computes in the compute_type it was loaded with
-    quantize = Quantize.none  # int8: tmt-export quantization=int8, or compute_type int8
+    precisions = (Precision.auto,)  # it computes in the compute_type it was loaded with
+    quantize = CpuLinear.none  # int8: tmt-export quantization=int8, or compute_type int8
 
     def __init__(self, engine, tokenizers: Tokenizers, *, max_positions: int):
         """engine: a ctranslate2.Translator; max_positions: the exported model's (source pieces
@@ -123,7 +123,11 @@ class CTranslate2Search:
     def reseed(self, seed: int) -> None:
         """Nothing to do: CTranslate2 models do not sample here (`strategies`)."""
 
-    def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def search(
+        self, sources: list[list[int]], decode: DecodeConfig, policy: object = None
+    ) -> list[list[Hypothesis]]:
+        """N-best lists for one batch; `policy`, our model's execution policy, is not
+        CTranslate2's (its kernels and compute_type are its own)."""
         beam = decode.strategy == Strategy.beam
         lengths = torch.tensor([len(s) for s in sources])
         # Output limits in pieces, EOS included, computed as search.max_lengths computes them.

@@ -16,12 +16,12 @@ import torch
 
 from transformer_mt.checkpoint import CheckpointRecord, load_checkpoint, model_from_checkpoint
 from transformer_mt.checkpoint.folder import LAST
-from transformer_mt.config import DataConfig, DecodeConfig, Quantize
+from transformer_mt.config import CpuLinear, DataConfig, DecodeConfig
 from transformer_mt.data.tokenizer import Tokenizers, load_tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
 from transformer_mt.decode.search import Ensemble
 from transformer_mt.decode.translator import Translator
-from transformer_mt.device import keep_freed_host_memory, resolve_device, use_cuda_device
+from transformer_mt.device import prepare_process, resolve_device
 from transformer_mt.errors import CheckpointError, ConfigError
 from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
@@ -96,9 +96,7 @@ def load_translator(
     paths, steps = [str(m.path.resolve()) for m in members], [m.step for m in members]
     one = len(members) == 1
     target = resolve_device(device)
-    if target.type == "cpu" and keep_freed_memory:
-        keep_freed_host_memory()
-    use_cuda_device(target)  # its GPU, and TF32 for decode.precision=fp32
+    prepare_process(target, keep_freed_memory=keep_freed_memory)  # as tmt-train's
     return Translator.for_model(
         Ensemble([m.model for m in members]),
         members[0].tokenizers,
@@ -149,7 +147,7 @@ def translator_from_export(
     the type the weights were stored in; int8, float32, ...). threads: CPU threads (0: as many as
     torch uses). keep_freed_memory: as load_translator's."""
     decode = decode or DecodeConfig()
-    if decode.quantize != Quantize.none:
+    if decode.quantize != CpuLinear.none:
         raise ConfigError(
             f"config key 'decode.quantize': {decode.quantize.value} is for transformer_mt "
             "checkpoints; a CTranslate2 export computes in int8 when tmt-export wrote it with "
@@ -167,8 +165,7 @@ def translator_from_export(
         raise CheckpointError(f"{folder}: not a folder written by tmt-export (no {EXPORT_INFO})")
     info = json.loads((folder / EXPORT_INFO).read_text(encoding="utf-8"))
     target = resolve_device(device)
-    if target.type == "cpu" and keep_freed_memory:
-        keep_freed_host_memory()
+    prepare_process(target, keep_freed_memory=keep_freed_memory)  # as tmt-train's
     try:
         engine = ctranslate2.Translator(
             str(folder),

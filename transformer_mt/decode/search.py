@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_mt.execution import score_dtype
 from transformer_mt.model import (
     DecoderCache,
     EncoderOutput,
@@ -375,7 +376,7 @@ class Finished:
 
     @classmethod
     def none(cls, batch: int, k: int, length: int, device: torch.device) -> Finished:
-        dtype = torch.float32 if device.type == "mps" else torch.float64
+        dtype = score_dtype(device)  # float64, but on MPS
         return cls(
             torch.full((batch, k), -torch.inf, dtype=dtype, device=device),
             torch.full((batch, k, length), NO_TOKEN, dtype=torch.long, device=device),

@@ -5,10 +5,12 @@ batches under decode.batch_tokens; our model takes sources of any length, an exp
 may have a limit (CTranslate2's: its position table), to which sources are cut with a warning.
 The decode settings are an argument of each call (the Translator keeps defaults for calls that
 pass none), so one Translator serves requests with any settings, but decode.quantize, which is
-chosen when the model is loaded. The backend turns one batch of source piece ids into n-best
-lists: `ModelSearch` runs our model with decode/search.py and decode/sampling.py, as the call's
-execution policy says (execution.py: decode.precision, sdpa_backends, cpu_linear, quantize), on
-the CPU with decode/cpu_linear.py's copies of it (oneDNN's prepacked float32 weights; int8);
+chosen when the model is loaded. Each call's settings are checked and its execution policy built
+once (`prepared`: execution.ExecutionPolicy.for_decoding), which batches the call's sentences and
+runs each batch's search. The backend turns one batch of source piece ids into n-best lists:
+`ModelSearch` runs our model with decode/search.py and decode/sampling.py as the policy says
+(decode.precision, sdpa_backends, cpu_linear, quantize), on the CPU with the policy's copies of it
+(ExecutionPolicy.with_kernels: oneDNN's prepacked float32 weights; int8);
 `ctranslate2_backend.CTranslate2Search` runs a model written by tmt-export.
 decode/loading.py builds a Translator from a run folder or an export.
 """
@@ -25,16 +27,15 @@ import torch
 from torch import Tensor
 
 from transformer_mt.config import (
+    DECODE_PRECISIONS,
+    CpuLinear,
     DecodeConfig,
-    DecodePrecision,
-    Quantize,
+    Precision,
     Strategy,
-    validate_decode,
 )
 from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
-from transformer_mt.decode.cpu_linear import LinearKernel, cpu_linear_copy
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
     Ensemble,
@@ -45,7 +46,7 @@ from transformer_mt.decode.search import (
     greedy_search,
 )
 from transformer_mt.errors import ConfigError
-from transformer_mt.execution import CpuProducts, ExecutionPolicy, decode_batch_tokens
+from transformer_mt.execution import ExecutionPolicy, decode_batch_tokens
 from transformer_mt.model import Transformer
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,11 @@ class SearchBackend(Protocol):
     strategies: tuple[Strategy, ...]  # the decode strategies it offers
     max_source_tokens: int | None  # longest source it takes, in pieces (EOS not counted); None: any
 
-    def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
-        """N-best lists (best first, EOS dropped) for one batch of sources that fit."""
+    def search(
+        self, sources: list[list[int]], decode: DecodeConfig, policy: ExecutionPolicy
+    ) -> list[list[Hypothesis]]:
+        """N-best lists (best first, EOS dropped) for one batch of sources that fit, searched as
+        the call's execution policy says (a backend with kernels of its own may pass it over)."""
         ...
 
     def reseed(self, seed: int) -> None:
@@ -70,12 +74,12 @@ class SearchBackend(Protocol):
         ...
 
 
-def backend_offers(backend: SearchBackend) -> tuple[tuple[DecodePrecision, ...], Quantize]:
+def backend_offers(backend: SearchBackend) -> tuple[tuple[Precision, ...], CpuLinear]:
     """The backend's decode.precision values and the decode.quantize it was built with, with
     SearchBackend's defaults for a backend that leaves them out."""
     return (
-        getattr(backend, "precisions", (DecodePrecision.auto,)),
-        getattr(backend, "quantize", Quantize.none),
+        getattr(backend, "precisions", (Precision.auto,)),
+        getattr(backend, "quantize", CpuLinear.none),
     )
 
 
@@ -111,13 +115,14 @@ class ModelSearch:
     own generator (the same calls give the same output; the global RNG is not touched).
     Attention of an ensemble: the members' cross-attention maps averaged (as fairseq's
     EnsembleModel averages them), each member's `layer` counted in its own decoder.
-    quantize=int8: each member searches as an int8 copy of itself; else a float32 call on the CPU
-    with decode.cpu_linear=onednn searches with copies whose weights are prepacked for oneDNN,
-    made by the first such call (decode/cpu_linear.py)."""
+    Each call searches with the members as its execution policy multiplies
+    (ExecutionPolicy.with_kernels): quantize=int8 or int8_batch, int8 copies made here, when the
+    model is loaded, for every call; else a float32 call on the CPU with decode.cpu_linear=onednn
+    with copies whose weights are prepacked for oneDNN, made by the first such call."""
 
     name = "transformer_mt"
     strategies = (Strategy.beam, Strategy.greedy, Strategy.sample)
-    precisions = tuple(DecodePrecision)
+    precisions = DECODE_PRECISIONS
 
     def __init__(
         self,
@@ -125,23 +130,17 @@ class ModelSearch:
         device: torch.device,
         *,
         sampling_seed: int = 1,
-        quantize: Quantize = Quantize.none,
+        quantize: CpuLinear = CpuLinear.none,
     ):
-        if quantize != Quantize.none and device.type != "cpu":
-            raise ConfigError(
-                f"config key 'decode.quantize': {quantize.value} runs on the CPU only, not on "
-                f"{device} (PyTorch's int8 kernels are CPU ones); on a GPU decode.precision=auto "
-                "(bf16) is the fast setting"
-            )
+        int8 = ExecutionPolicy.for_decoding(DecodeConfig(quantize=quantize), device)  # or refused
         members = as_ensemble(model).models
         for member in members:
             member.to(device).eval()
-        if quantize != Quantize.none:
-            describe_int8(quantize)
-            kernel = LinearKernel(quantize.value)
-            members = [cpu_linear_copy(member, kernel) for member in members]
         self.ensemble, self.quantize = Ensemble(members), quantize
-        self.onednn_ensemble: Ensemble | None = None  # made by the first call that uses it
+        if quantize != CpuLinear.none:  # chosen when the model is loaded: the policy's copies now
+            describe_int8(quantize)
+            self.ensemble = self.with_kernels(int8)
+        self.copies: dict[CpuLinear, Ensemble] = {}  # by the policy's products: made once
         self.model, self.device = self.ensemble.models[0], device  # model: the first member
         self.max_source_tokens = None  # the model's positions grow to any length
         self.decoder_layers = min(len(member.decoder) for member in self.ensemble.models)
@@ -152,7 +151,16 @@ class ModelSearch:
         that the request's own seed decides its output, whatever was sampled before it."""
         self.generator.manual_seed(seed)
 
-    def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def search(
+        self,
+        sources: list[list[int]],
+        decode: DecodeConfig,
+        policy: ExecutionPolicy | None = None,
+    ) -> list[list[Hypothesis]]:
+        """N-best lists for one batch, searched as `policy` says (None: the call's own,
+        ExecutionPolicy.for_decoding)."""
+        if policy is None:
+            policy = ExecutionPolicy.for_decoding(decode, self.device)
         src = pad_sequences(
             [np.asarray(s, dtype=np.int64) for s in sources], PAD_ID, suffix=EOS_ID
         ).to(self.device)
@@ -166,24 +174,25 @@ class ModelSearch:
             # sources of one length (decode.source_lengths=equal): attention masks nothing
             "src_padded": len({len(s) for s in sources}) > 1,
         }
-        policy = ExecutionPolicy.for_decoding(decode, self.device)
         with policy.forward():
             return self.strategy_search(
-                self.searching(decode), src, decode, common, policy.fixed_shape_decoding
+                self.members(policy), src, decode, common, policy.fixed_shape_decoding
             )
 
-    def searching(self, decode: DecodeConfig) -> Ensemble:
-        """The members that run a call with these settings: copies with oneDNN's prepacked
-        weights where the call's execution policy multiplies by oneDNN (float32 on the CPU,
-        decode.cpu_linear=onednn), else the loaded ones (int8 copies with quantize=int8)."""
-        policy = ExecutionPolicy.for_decoding(decode, self.device)
-        if policy.cpu_products != CpuProducts.onednn or self.quantize != Quantize.none:
+    def members(self, policy: ExecutionPolicy) -> Ensemble:
+        """The members that run a call under `policy`: the loaded ones (int8 copies when loaded
+        with decode.quantize, whatever the call) where the policy multiplies by torch's
+        products, else copies with its kernels (oneDNN's prepacked weights), made by the first
+        call that asks for them."""
+        if self.quantize != CpuLinear.none or policy.cpu_products == CpuLinear.torch:
             return self.ensemble
-        if self.onednn_ensemble is None:
-            self.onednn_ensemble = Ensemble(
-                [cpu_linear_copy(m, LinearKernel.onednn) for m in self.ensemble.models]
-            )
-        return self.onednn_ensemble
+        if policy.cpu_products not in self.copies:
+            self.copies[policy.cpu_products] = self.with_kernels(policy)
+        return self.copies[policy.cpu_products]
+
+    def with_kernels(self, policy: ExecutionPolicy) -> Ensemble:
+        """Each member as `policy` runs it (ExecutionPolicy.with_kernels)."""
+        return Ensemble([policy.with_kernels(member) for member in self.ensemble.models])
 
     def strategy_search(
         self,
@@ -240,9 +249,9 @@ class ModelSearch:
         ]
 
 
-def describe_int8(quantize: Quantize) -> None:
+def describe_int8(quantize: CpuLinear) -> None:
     """The log line of a search in int8: int8_batch warns that batch mates change outputs."""
-    if quantize == Quantize.int8:
+    if quantize == CpuLinear.int8:
         log.info("decode.quantize=int8: the model's linear layers searching with int8 weights")
         return
     log.warning(
@@ -312,13 +321,18 @@ class Translator:
     def checked(self, decode: DecodeConfig | None) -> DecodeConfig:
         """`decode` (None: the defaults) with decode.batch_tokens=null made the device's default
         (`default_batch_tokens`), or ConfigError naming the setting that is not possible (with
-        this backend)."""
-        if decode is None:
-            return self.decode
-        validate_decode(decode)
-        device = getattr(self.backend, "device", None)
-        if device is not None:  # ours: the attention kernels it may use on its device
-            ExecutionPolicy.for_decoding(decode, device)
+        this backend, on its device)."""
+        return self.prepared(decode)[0]
+
+    def prepared(self, decode: DecodeConfig | None) -> tuple[DecodeConfig, ExecutionPolicy]:
+        """A call's settings (`checked`) and its execution policy on the backend's device, built
+        once for the call: it batches the sentences and runs each batch's search."""
+        decode = self.decode if decode is None else self.offered(decode)
+        return decode, ExecutionPolicy.for_decoding(decode, backend_device(self.backend))
+
+    def offered(self, decode: DecodeConfig) -> DecodeConfig:
+        """`checked` but for the device: what this backend offers."""
+        decode.validate()
         precisions, quantize = backend_offers(self.backend)
         for key, offered in (("strategy", self.backend.strategies), ("precision", precisions)):
             if getattr(decode, key) not in offered:
@@ -364,11 +378,12 @@ class Translator:
         """translate_nbest for sentences already encoded by `encode` (the server encodes each
         request once: to bound it when it arrives, then to translate it)."""
         reader = None if attention is None else self.attention_reader()  # before the search
-        nbest = self.nbest_ids(ids, decode)
+        decode, policy = self.prepared(decode)
+        nbest = self.searched(ids, decode, policy)
         translations = self.nbest_texts(nbest)
         if reader is None:
             return translations
-        maps = self.attention_maps(reader, ids, nbest, attention, decode)
+        maps = self.attention_maps(reader, ids, nbest, attention, decode, policy)
         return [
             [dataclasses.replace(best, attention=attended), *rest]
             for (best, *rest), attended in zip(translations, maps, strict=True)
@@ -394,14 +409,15 @@ class Translator:
         ids: list[list[int]],
         nbest: list[list[Hypothesis]],
         layer: int,
-        decode: DecodeConfig | None,
+        decode: DecodeConfig,
+        policy: ExecutionPolicy,
     ) -> list[AttentionMap | None]:
         """The cross-attention of decoder layer `layer` behind each best hypothesis, read again
         teacher-forced (None for an empty line)."""
         sources = self.cut(ids)  # as the search read them
         targets = [hyps[0].tokens for hyps in nbest]
         maps: list[AttentionMap | None] = [None] * len(ids)
-        for batch in self.batches(sources, decode):
+        for batch in self.batches(sources, decode, policy):
             weights = reader.cross_attention(
                 [sources[i] for i in batch], [targets[i] for i in batch], layer
             )
@@ -429,21 +445,32 @@ class Translator:
         self, ids: list[list[int]], decode: DecodeConfig | None = None
     ) -> list[list[Hypothesis]]:
         """Up to decode.nbest hypotheses per source's piece ids, best first, in input order."""
-        decode = self.checked(decode)
+        return self.searched(ids, *self.prepared(decode))
+
+    def searched(
+        self, ids: list[list[int]], decode: DecodeConfig, policy: ExecutionPolicy
+    ) -> list[list[Hypothesis]]:
+        """`nbest_ids` for checked settings and their policy."""
         outputs = [[Hypothesis([], 0.0)] for _ in ids]
-        for batch in self.batches(ids, decode):
-            found = self.search([ids[i] for i in batch], decode)
+        for batch in self.batches(ids, decode, policy):
+            found = self.search([ids[i] for i in batch], decode, policy)
             for index, hyps in zip(batch, found, strict=True):
                 outputs[index] = hyps[: decode.nbest]
         return outputs
 
-    def batches(self, ids: list[list[int]], decode: DecodeConfig | None = None) -> list[list[int]]:
+    def batches(
+        self,
+        ids: list[list[int]],
+        decode: DecodeConfig | None = None,
+        policy: ExecutionPolicy | None = None,
+    ) -> list[list[int]]:
         """Indices of non-empty inputs, sorted by length, grouped under decode.batch_tokens
         (None: the defaults') as training groups them (data/batching.pack): of similar lengths,
         or, where the call's execution policy asks for it (decode.source_lengths), of one
-        length wherever that length fills half a batch."""
-        decode = self.checked(decode)
-        policy = ExecutionPolicy.for_decoding(decode, backend_device(self.backend))
+        length wherever that length fills half a batch. `policy`: the call's, with `decode`
+        checked (None: both made here, `prepared`)."""
+        if policy is None:
+            decode, policy = self.prepared(decode)
         order = sorted((i for i, s in enumerate(ids) if s), key=lambda i: len(ids[i]))
         widths = np.array([len(s) + 1 for s in self.cut([ids[i] for i in order])], np.int64)
         lengths = widths if policy.equal_source_lengths else None
@@ -470,6 +497,8 @@ class Translator:
             )
         return self.cut(sources)
 
-    def search(self, sources: list[list[int]], decode: DecodeConfig) -> list[list[Hypothesis]]:
+    def search(
+        self, sources: list[list[int]], decode: DecodeConfig, policy: ExecutionPolicy
+    ) -> list[list[Hypothesis]]:
         """N-best lists (best first) for one batch of sources, cut to the backend's limit."""
-        return self.backend.search(self.truncate(sources), decode)
+        return self.backend.search(self.truncate(sources), decode, policy)

@@ -44,16 +44,6 @@ RETRY_AFTER_S = 1
 """What a 503 tells the client to wait: about one batch's time on a CPU (benchmarks/serve.txt),
 after which the queue has moved on."""
 CLIENT_GONE = 499  # nginx's status for a client that closed the connection; nobody receives it
-LIMIT_KEYS = (
-    "max_request_bytes",
-    "max_lines",
-    "max_line_chars",
-    "max_beam_size",
-    "max_pending_pieces",
-    "request_timeout_s",
-    "max_attention_cells",
-    "max_connections",
-)
 
 
 class Refused(Exception):
@@ -88,15 +78,6 @@ class TranslateRequest(BaseModel):
 
 async def refused_response(_: Request, refused: Refused) -> JSONResponse:
     return refused.response()  # async: Starlette would run a plain function in a thread
-
-
-def check_limits(limits: ServeJob) -> None:
-    """ConfigError naming the key of a limit that is not above 0 (a limit of 0 would refuse
-    every request, and only under load would anyone notice)."""
-    for key in LIMIT_KEYS:
-        value = getattr(limits, key)
-        if not value > 0:
-            raise ConfigError(f"config key '{key}': must be > 0, got {value}")
 
 
 def create_app(

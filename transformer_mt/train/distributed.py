@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from transformer_mt.data.batching import BatchPlan
-from transformer_mt.device import resolve_device, use_cuda_device
+from transformer_mt.device import prepare_process, resolve_device
 from transformer_mt.errors import ConfigError, TransformerMTError
 from transformer_mt.launch import rank_variables, unused_slurm_tasks
 
@@ -114,11 +114,14 @@ class Ranks:
             dist.barrier(group=self.control)
 
 
-def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks, torch.device]:
-    """This process's rank and device (a GPU made the current one: device.use_cuda_device);
-    joins the process group when launched as one of several ranks, by torchrun, Slurm's srun or
-    submitit (launch.py: their variables become torchrun's). A collective that waits longer than
-    `timeout_minutes` for another rank fails the job."""
+def start_ranks(
+    device_name: str, timeout_minutes: float = 30.0, threads: int = 0
+) -> tuple[Ranks, torch.device]:
+    """This process's rank and device, the process set up for it (device.prepare_process:
+    `threads`, a GPU made the current one, TF32, malloc); joins the process group when launched
+    as one of several ranks, by torchrun, Slurm's srun or submitit (launch.py: their variables
+    become torchrun's). A collective that waits longer than `timeout_minutes` for another rank
+    fails the job."""
     variables, launcher = rank_variables(os.environ)
     os.environ.update(variables)
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -130,7 +133,7 @@ def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks,
         )
     if world_size == 1:
         device = resolve_device(device_name)
-        use_cuda_device(device)
+        prepare_process(device, threads)
         return Ranks(), device
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     if variables and rank == 0:
@@ -150,7 +153,7 @@ def start_ranks(device_name: str, timeout_minutes: float = 30.0) -> tuple[Ranks,
             )
         index = cuda_index(rank, local_rank, torch.cuda.device_count(), launcher)
         device = torch.device("cuda", index)
-        use_cuda_device(device)  # before NCCL starts
+    prepare_process(device, threads)  # its GPU current before NCCL starts
     backend = "nccl" if device.type == "cuda" else "gloo"
     use_gloo_interface(os.environ, log_it=local_rank == 0)
     timeout = datetime.timedelta(minutes=timeout_minutes)

@@ -20,10 +20,11 @@ their row sums, and for the gradient the division that makes them the softmax (a
 autocast, the cast of the gradient to the matmuls' dtype); logsumexp would allocate a
 (chunk x V) temporary of its own. The plain loss makes about ten passes over the whole
 (tokens x V) in fp32 and keeps several of them alive at once (benchmarks/bench_loss.py times the
-two). Where the execution policy compiles, each chunk's passes over its logits go through
-torch.compile (`softmax_terms`), which fuses them into about two reads of the logits in their
-bf16 and one write of the bf16 gradient (make gpu-check times the step with them compiled and
-eager: benchmarks/gpu_check.py).
+two). How it works through the tokens is the execution policy's (execution.LossChunks: tokens a
+chunk, padding dropped first or weighted 0, the products' dtype and kernels): where the policy
+compiles, each chunk's passes over its logits go through torch.compile (`softmax_terms`), which
+fuses them into about two reads of the logits in their bf16 and one write of the bf16 gradient
+(make gpu-check times the step with them compiled and eager: benchmarks/gpu_check.py).
 `label_smoothed_loss` is that plain form over given logits: the reference the tests hold
 `projected_loss` to.
 """
@@ -40,19 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer_mt import onednn
-from transformer_mt.execution import CpuProducts, ExecutionPolicy
-
-# Logits held at once: chunks of about this many elements (64 MiB of fp32 on a CPU), so that a
-# chunk stays small next to the model while its matmuls are still large.
-CHUNK_ELEMENTS = {"cpu": 2**24, "cuda": 2**27}
-
-
-def default_chunk_tokens(device: torch.device, vocab_size: int) -> int:
-    """Tokens per chunk: about CHUNK_ELEMENTS logits, in whole steps of onednn.ROW_STEP rows, so
-    that the CPU's padded products (onednn.product_in_row_steps) pad only the last chunk (at
-    37,000 pieces 2**24 elements are 453 rows, which it would pad to 512 in every chunk)."""
-    budget = CHUNK_ELEMENTS.get(device.type, CHUNK_ELEMENTS["cpu"])
-    return onednn.ROW_STEP * max(1, round(budget / vocab_size / onednn.ROW_STEP))
+from transformer_mt.execution import ExecutionPolicy, LossChunks
 
 
 class LossSums(NamedTuple):
@@ -81,56 +70,29 @@ def projected_loss(
     *,
     epsilon: float,
     pad_id: int,
-    chunk_tokens: int | None = None,
-    drop_padding: bool | None = None,
-    by_onednn: bool = False,
-    compiled_chunks: bool = False,
-    compile_backend: str = "inductor",
+    chunks: LossChunks,
 ) -> LossSums:
     """The sums of `label_smoothed_loss(hidden @ weight.T, target)` without its logits.
 
     hidden (B, T, D): the decoder's output; weight (V, D): the output projection; target (B, T).
-    Under autocast the matmuls run in its dtype (bf16, fp16) and everything else in fp32, as the
-    plain loss does after its cast. The nll is returned without a gradient.
-
-    drop_padding (None: on the CPU only): select the non-pad positions first, so that padding
-    never reaches the projection; on a GPU that selection would wait for the device (its size
-    is data), so there padded positions go through with weight 0 instead. by_onednn: the
-    chunks' float32 products by oneDNN's kernel (the execution policy's choice on the CPU:
-    ExecutionPolicy.cpu_products), with the weight reordered once for all the chunks.
-    compiled_chunks: each chunk's passes over its logits through torch.compile
-    (`softmax_terms`), where the policy compiles, by `compile_backend` (the policy's)."""
+    The matmuls run in chunks.dtype (the policy's autocast dtype: bf16, fp16; None: the tokens'
+    own) and everything else in fp32, as the plain loss does after autocast's matmul and its
+    cast. The nll is returned without a gradient. `chunks`: how the tokens are worked through,
+    as the execution policy says (ExecutionPolicy.loss_chunks)."""
     keep = target != pad_id
-    if drop_padding is None:
-        drop_padding = hidden.device.type == "cpu"
-    if drop_padding:
+    if chunks.drop_padding:
         tokens, references, weights = hidden[keep], target[keep], None
     else:
         tokens, references = hidden.flatten(0, 1), target.flatten()
         weights = keep.flatten().to(torch.float32)
-    if chunk_tokens is None:
-        chunk_tokens = default_chunk_tokens(hidden.device, weight.shape[0])
-    plan = ChunkPlan(
-        epsilon=epsilon,
-        chunk_tokens=chunk_tokens,
-        dtype=autocast_dtype_of(hidden.device),
-        # forward runs with grad mode off, and needs_input_grad says only what requires a
-        # gradient, not whether one will be taken (validation): the caller's grad mode says
-        wants_grad=torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad),
-        by_onednn=by_onednn,
-        compiled_chunks=compiled_chunks,
-        compile_backend=compile_backend,
-    )
+    # forward runs with grad mode off, and needs_input_grad says only what requires a gradient,
+    # not whether one will be taken (validation): the caller's grad mode says
+    wants_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    plan = ChunkPlan(epsilon=epsilon, wants_grad=wants_grad, chunks=chunks)
+    # The products' dtype is chunks.dtype, which the loss applies itself: autocast off here.
     with torch.autocast(hidden.device.type, enabled=False):
         loss, nll = ProjectedLoss.apply(tokens, weight, references, weights, plan)
     return LossSums(loss, nll, keep.sum())
-
-
-def autocast_dtype_of(device: torch.device) -> torch.dtype | None:
-    """The dtype autocast gives matmuls here, None where it is off."""
-    if not torch.is_autocast_enabled(device.type):
-        return None
-    return torch.get_autocast_dtype(device.type)
 
 
 def chunk_products(
@@ -182,23 +144,19 @@ def compiled_softmax_terms(
     backend: str = "inductor",
 ) -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
     """`softmax_terms` through torch.compile's `backend` (once per process and backend), any
-    number of tokens a chunk."""
+    number of tokens a chunk: how, not whether (the policy's LossChunks.compiled says that)."""
     return torch.compile(softmax_terms, dynamic=True, backend=backend)
 
 
 @dataclass(frozen=True)
 class ChunkPlan:
-    """How ProjectedLoss works through the tokens (projected_loss's arguments): the smoothing,
-    the tokens a chunk, the products' dtype (None: the tokens'), whether a gradient is taken,
-    and which kernels multiply and pass over the logits (compiled: by which backend)."""
+    """What ProjectedLoss does (projected_loss's arguments): the smoothing, whether a gradient
+    is taken, and the policy's way through the tokens (the tokens a chunk, the products' dtype,
+    which kernels multiply and pass over the logits)."""
 
     epsilon: float
-    chunk_tokens: int
-    dtype: torch.dtype | None
     wants_grad: bool
-    by_onednn: bool
-    compiled_chunks: bool
-    compile_backend: str = "inductor"
+    chunks: LossChunks
 
 
 class ProjectedLoss(torch.autograd.Function):
@@ -208,15 +166,13 @@ class ProjectedLoss(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tokens, weight, references, weights, plan: ChunkPlan):
-        epsilon, chunk_tokens, wants_grad = plan.epsilon, plan.chunk_tokens, plan.wants_grad
-        vocab = weight.shape[0]
-        compute = plan.dtype or tokens.dtype
+        epsilon, wants_grad, chunks = plan.epsilon, plan.wants_grad, plan.chunks
+        chunk_tokens, vocab = chunks.tokens, weight.shape[0]
+        compute = chunks.dtype or tokens.dtype
         weight_c = weight.to(compute)
-        by_onednn = plan.by_onednn and compute == torch.float32
+        by_onednn = chunks.by_onednn and compute == torch.float32
         logits_of, grad_of = chunk_products(weight_c, by_onednn, wants_grad)
-        terms = (
-            compiled_softmax_terms(plan.compile_backend) if plan.compiled_chunks else softmax_terms
-        )
+        terms = compiled_softmax_terms(chunks.compile_backend) if chunks.compiled else softmax_terms
         mean_row = weight.float().mean(dim=0)  # mean_v z_v = h . mean_v W_v
         loss = torch.zeros((), dtype=torch.float32, device=tokens.device)
         nll = torch.zeros_like(loss)
@@ -273,43 +229,26 @@ class ProjectedLoss(torch.autograd.Function):
 
 class TrainingLoss(torch.nn.Module):
     """The model and its loss as one module, (src, tgt_in, tgt_out, src_padded) -> LossSums:
-    what DistributedDataParallel wraps. Where the policy compiles, `model`'s repeated layers are
-    compiled one by one (ExecutionPolicy.with_kernels) and the loss its chunks' passes over the
-    logits (compiled_chunks); the chunk loop itself stays eager (its token selection has a
-    data-dependent size). by_onednn: the loss's products by oneDNN's kernel (`projected_loss`).
-    `for_policy` sets both as the execution policy says."""
+    what DistributedDataParallel wraps. The loss works through the tokens as `chunks` says
+    (`projected_loss`); the chunk loop itself stays eager (its token selection has a
+    data-dependent size). `for_policy` gives the model and the chunks as the execution policy
+    runs a training step."""
 
-    def __init__(
-        self,
-        model,
-        *,
-        epsilon: float,
-        pad_id: int,
-        by_onednn: bool = False,
-        compiled_chunks: bool = False,
-        compile_backend: str = "inductor",
-    ):
+    def __init__(self, model, chunks: LossChunks, *, epsilon: float, pad_id: int):
         super().__init__()
-        self.model = model
+        self.model, self.chunks = model, chunks
         self.epsilon, self.pad_id = epsilon, pad_id
-        self.by_onednn, self.compiled_chunks = by_onednn, compiled_chunks
-        self.compile_backend = compile_backend
 
     @classmethod
     def for_policy(
         cls, model, policy: ExecutionPolicy, *, epsilon: float, pad_id: int
     ) -> TrainingLoss:
         """`model` and its loss as `policy` runs a training step: its kernels and compiled
-        layers (ExecutionPolicy.with_kernels), the loss's products by oneDNN where the policy
-        takes them, and its chunks compiled where the policy compiles."""
-        return cls(
-            policy.with_kernels(model),
-            epsilon=epsilon,
-            pad_id=pad_id,
-            by_onednn=policy.cpu_products == CpuProducts.onednn,
-            compiled_chunks=policy.compile,
-            compile_backend=policy.compile_backend,
-        )
+        layers (ExecutionPolicy.with_kernels) and the loss's chunks
+        (ExecutionPolicy.loss_chunks: by oneDNN where the policy takes it, compiled where it
+        compiles)."""
+        chunks = policy.loss_chunks(model.embed.num_embeddings)
+        return cls(policy.with_kernels(model), chunks, epsilon=epsilon, pad_id=pad_id)
 
     def forward(
         self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, src_padded: bool = True
@@ -323,7 +262,5 @@ class TrainingLoss(torch.nn.Module):
             tgt_out,
             epsilon=self.epsilon,
             pad_id=self.pad_id,
-            by_onednn=self.by_onednn,
-            compiled_chunks=self.compiled_chunks,
-            compile_backend=self.compile_backend,
+            chunks=self.chunks,
         )

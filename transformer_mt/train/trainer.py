@@ -99,7 +99,7 @@ class Trainer:
         if policy.compile and self.ranks.is_main:
             self.compile_cache = use_compile_cache(policy, run.old_compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.dtype == torch.float16)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.scales_loss)
         self.plan = plan_batches(
             data.train.src.lengths,
             data.train.tgt.lengths,
@@ -223,7 +223,7 @@ class Trainer:
             batch_size=None,
             sampler=range(progress.batch_in_epoch, len(batches)),
             num_workers=workers,
-            pin_memory=self.device.type == "cuda",
+            pin_memory=self.policy.pins_memory,
             prefetch_factor=4 if workers else None,
             worker_init_fn=start_worker if workers else None,
             multiprocessing_context=worker_context() if workers else None,

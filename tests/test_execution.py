@@ -1,0 +1,81 @@
+"""execution.py decides how a device runs the model: the rules the trainer, the model and the
+search ask it (loss scaling, pinned batches, int8 off the CPU, a decoding step's attention, the
+CPU's dropout masks, a cache's gather, the search's score dtype), on this CPU machine with the
+devices it has not named."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_mt import execution
+from transformer_mt.config import CpuLinear, DecodeConfig, Precision, TrainerConfig, compose_job
+from transformer_mt.errors import ConfigError
+from transformer_mt.execution import ExecutionPolicy
+
+CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
+
+
+@pytest.mark.parametrize(
+    ("precision", "device", "scales", "pins"),
+    [
+        (Precision.fp16, CUDA, True, True),
+        (Precision.auto, CUDA, False, True),  # bf16
+        (Precision.fp32, CPU, False, False),
+        (Precision.bf16, CPU, False, False),
+    ],
+)
+def test_the_trainer_scales_its_loss_in_fp16_and_pins_batches_for_cuda(
+    precision, device, scales, pins
+):
+    policy = ExecutionPolicy.for_training(TrainerConfig(precision=precision), device)
+    assert (policy.scales_loss, policy.pins_memory) == (scales, pins)
+
+
+@pytest.mark.parametrize("quantize", [CpuLinear.int8, CpuLinear.int8_batch])
+def test_a_search_policy_multiplies_by_int8_on_the_cpu_only(quantize):
+    """decode.quantize is the search's CPU products, decided with the rest of its policy; on a
+    GPU it is refused by its key, in one line."""
+    decode = DecodeConfig(quantize=quantize)
+    assert ExecutionPolicy.for_decoding(decode, CPU).cpu_products == quantize
+    with pytest.raises(ConfigError, match=r"^config key 'decode\.quantize': .* CPU only") as no:
+        ExecutionPolicy.for_decoding(decode, CUDA)
+    assert "\n" not in str(no.value)
+
+
+def test_old_settings_keep_their_values():
+    """The one CPU-products enum and the one precision enum take the values the keys took
+    before they were merged (and a run's config.yaml writes them as it did)."""
+    job = compose_job(
+        "eval",
+        [
+            "run_dir=x",
+            "decode.quantize=int8_batch",
+            "decode.cpu_linear=torch",
+            "decode.precision=bf16",
+        ],
+    )
+    decode = job.decode
+    assert (decode.quantize, decode.cpu_linear, decode.precision) == (
+        CpuLinear.int8_batch,
+        CpuLinear.torch,
+        Precision.bf16,
+    )
+    defaults = compose_job("train").decode
+    assert (defaults.quantize.value, defaults.cpu_linear.value) == ("none", "onednn")
+
+
+def test_a_decoding_steps_attention_on_the_cpu_is_two_products_in_fp32_alone():
+    step = torch.zeros(4, 2, 1, 8)  # one query row
+    assert execution.attends_few_queries(step, training=False)
+    assert not execution.attends_few_queries(step, training=True)  # dropout: SDPA's
+    assert not execution.attends_few_queries(torch.zeros(4, 2, 3, 8), training=False)
+    assert not execution.attends_few_queries(step.bfloat16(), training=False)
+
+
+def test_device_rules_for_dropout_gathers_and_scores():
+    assert execution.draws_cpu_dropout_masks(torch.zeros(3))
+    assert execution.gathers_in_place(CPU) and execution.gathers_in_place(CUDA)
+    assert not execution.gathers_in_place(MPS)
+    assert execution.score_dtype(CPU) == execution.score_dtype(CUDA) == torch.float64
+    assert execution.score_dtype(MPS) == torch.float32  # MPS has no float64
