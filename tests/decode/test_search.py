@@ -10,7 +10,12 @@ import torch.nn.functional as F
 
 from benchmarks.reference_search import reference_beam_search
 from transformer_mt.config import DecodeConfig
-from transformer_mt.decode.search import beam_search, greedy_search, length_penalty
+from transformer_mt.decode.search import (
+    beam_search,
+    greedy_search,
+    length_penalty,
+    sentences_done,
+)
 from transformer_mt.model import EncoderOutput, Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -139,26 +144,6 @@ def count_decoder_rows(model: Transformer) -> list[int]:
 
     model.decode = recording_decode
     return rows
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_pruning_finished_sentences_changes_nothing_but_the_work(random_model, seed):
-    model = random_model(vocab=20, seed=seed, sharpen=2.0, eos_bonus=3.0)
-    src = varied_lengths_batch(20, seed)
-    rows = count_decoder_rows(model)
-    search = {"beam_size": 3, "bos_id": BOS, "eos_id": EOS, "max_len_b": 10}
-    pruned = beam_search(model, src, **search)
-    pruned_rows = list(rows)
-    rows.clear()
-    kept = beam_search(model, src, prune_finished=False, **search)
-    # The first step decodes one row per sentence (every beam is BOS alone), then without
-    # pruning every step decodes every sentence's beams.
-    assert rows[0] == 6 and set(rows[1:]) == {6 * 3}
-    assert pruned_rows[:2] == [6, 6 * 3] and pruned_rows[-1] < 6 * 3  # done sentences left
-    assert pruned_rows[1:] == sorted(pruned_rows[1:], reverse=True)
-    for with_pruning, without in zip(pruned, kept, strict=True):
-        assert [h.tokens for h in with_pruning] == [h.tokens for h in without]
-        assert [h.score for h in with_pruning] == pytest.approx([h.score for h in without])
 
 
 def test_cross_attention_keys_and_values_are_computed_once_per_sentence(random_model):
@@ -352,6 +337,28 @@ def test_stop_early_ends_a_sentence_at_its_first_beam_size_finished_hypotheses(b
     assert len(hyps) == beam_size
 
 
+def test_the_stopping_rule_on_every_kind_of_sentence():
+    """sentences_done on a batch of sentences with K = 3 finished places (best first; -inf:
+    empty), each with the best live log-probability (float32, as the search's scores) and the
+    largest length penalty P that hypothesis could still get: too few finished, a live one that
+    could still win, one that can at best tie (a tie keeps the finished ones), one that cannot."""
+    penalty = length_penalty(12, 0.6)
+    tie = torch.tensor(-3.0 * penalty).item()  # float32: -3 * P, rounded
+    sentences = [  # (finished, best live, done, done with stop_early)
+        ([-1.0, -2.0, -torch.inf], -0.1, False, False),
+        ([-1.0, -2.0, -torch.inf], -9.0, False, False),
+        ([-1.0, -2.0, -3.0], -2.0, False, True),  # -2 / P > -3: it could still win
+        ([-1.0, -2.0, tie / penalty], tie, True, True),
+        ([-1.0, -2.0, -3.0], -5.0 * penalty, True, True),
+    ]
+    finished = torch.tensor([scores for scores, *_ in sentences], dtype=torch.float64)
+    best_live = torch.tensor([best for _, best, *_ in sentences], dtype=torch.float32)
+    largest = torch.full((len(sentences),), penalty, dtype=torch.float64)
+    for stop_early, column in ((False, 2), (True, 3)):
+        done = sentences_done(finished, best_live, largest, stop_early)
+        assert done.tolist() == [row[column] for row in sentences]
+
+
 def test_the_unknown_piece_is_never_generated(random_model):
     model = random_model(vocab=20, seed=0)
     with torch.no_grad():
@@ -392,8 +399,9 @@ def count_host_reads(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("strategy", ["beam", "greedy"])
 def test_a_search_reads_the_device_once_per_step(random_model, monkeypatch, strategy):
-    """Finished hypotheses, the stopping rule's scores and the rows that end come to the host in
-    one copy per step, not one per value (which on a GPU is one wait for the device each)."""
+    """What a step decides on the host (greedy: the rows that end and their tokens; beam search:
+    the sentences done) comes in one copy per step, not one per value (which on a GPU is one wait
+    for the device each)."""
     model = random_model(vocab=20, seed=1, sharpen=2.0, eos_bonus=3.0)
     src = varied_lengths_batch(20, 1)
     steps = count_decoder_rows(model)
@@ -404,4 +412,5 @@ def test_a_search_reads_the_device_once_per_step(random_model, monkeypatch, stra
         nbest = [[h] for h in greedy_search(model, src, bos_id=BOS, eos_id=EOS, max_len_b=10)]
     monkeypatch.undo()
     assert len(steps) > 3 and sum(len(hyps) for hyps in nbest) >= len(src)
-    assert reads.count("tolist") == len(reads) <= len(steps) + 1  # + 1: the length limits
+    # + 2: the length limits at the start, beam search's hypotheses at its end
+    assert reads.count("tolist") == len(reads) <= len(steps) + 2

@@ -23,6 +23,7 @@ from toy_runs import trainer_for
 from transformer_mt.data.batching import BatchDataset
 from transformer_mt.errors import TransformerMTError
 from transformer_mt.train import batches as batches_module
+from transformer_mt.train.loader_workers import worker_batches
 from transformer_mt.train.signals import STOP_SIGNALS
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the fork server is Linux's")
@@ -120,3 +121,34 @@ def test_a_worker_killed_by_the_oom_killer_stops_training_with_what_to_do(
     assert "\n" not in message
     assert message.startswith("a data loader worker ended (killed by SIGKILL): most often the")
     assert "out-of-memory killer" in message and "trainer.loader_workers" in message
+
+
+class KilledWorker:
+    """What a DataLoader iterator holds of a worker that the kernel killed."""
+
+    exitcode = -signal.SIGKILL
+
+    def join(self, timeout=None):
+        pass
+
+
+class ResetWhileHandingOver:
+    """A loader iterator whose worker was killed while it handed a batch's shared memory over:
+    the connection resets before torch notices that the worker has gone (seen in a suite run)."""
+
+    def __init__(self, workers: list):
+        self._workers = workers  # as torch's iterator names them
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+def test_a_worker_killed_while_it_hands_a_batch_over_stops_training_with_what_to_do():
+    with pytest.raises(TransformerMTError) as stopped:
+        list(worker_batches(ResetWhileHandingOver([KilledWorker()])))
+    assert str(stopped.value).startswith("a data loader worker ended (killed by SIGKILL): most")
+    with pytest.raises(ConnectionResetError):  # a reset with every worker alive is not theirs
+        list(worker_batches(ResetWhileHandingOver([])))

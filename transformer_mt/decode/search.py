@@ -3,14 +3,16 @@ which shares the greedy loop, is in sampling.py).
 
 Every search is batched over sentences (times beams) with the decoder's KV cache; cross-attention
 keys and values are computed once per sentence and kept for every step (a sentence's beams read
-them together: DecoderCache.repeat_rows). A sentence that is done leaves the batch:
-its rows are dropped from the tokens, the encoder output and the cache, so later steps compute
-only live sentences.
+them together: DecoderCache.repeat_rows). A sentence that is done leaves the batch (except in a
+batch of fixed shape, below): its rows are dropped from the tokens, the encoder output and the
+cache, so later steps compute only live sentences.
 
-Beam search is a pure step (`beam_step` and `survivors`: best candidates from log-probabilities)
-inside a small loop that keeps finished hypotheses and reorders the KV cache by each survivor's
-origin. Scores are length-normalised with the GNMT penalty lp(Y) = ((5 + |Y|) / 6) ** alpha,
-where |Y| counts the generated tokens including EOS.
+Beam search is one pure step, `advance`, over a typed state (`BeamState`, with `SearchRule`):
+`beam_step` and `survivors` choose the best candidates from log-probabilities, `kept_finished`
+keeps each sentence's best finished hypotheses, `sentences_done` is the stopping rule. A small
+loop (`beam_search`) runs it, reorders the KV cache by each survivor's origin and lets done
+sentences leave. Scores are length-normalised with the GNMT penalty lp(Y) = ((5 + |Y|) / 6) **
+alpha, where |Y| counts the generated tokens including EOS.
 
 Stopping rule (tensor2tensor's, exact for the beam): a sentence keeps its best beam_size finished
 hypotheses (an EOS among the best beam_size of the 2 * beam_size candidates of a step finishes
@@ -25,18 +27,18 @@ Every search runs an `Ensemble`: a single model is the ensemble of one. Members 
 encoder output and KV cache (`Decoders`), pruned and reordered together; the next-token
 distribution is the mean of the members' probabilities (`combined_log_probs`).
 
-What the loops decide on the host (which rows ended, which sentences are done, the tokens of a
-finished hypothesis) comes from the device in one copy per step (`host_values`): on a GPU each
-value read on its own is a wait for the device. The tokens generated so far are kept on the host
-for that reason, row by row; the device holds only each row's last token.
+What a loop decides on the host (greedy: which rows ended, and their tokens; beam search: which
+sentences are done) comes from the device in one copy per step (`host_values`): on a GPU each
+value read on its own is a wait for the device. Greedy keeps its tokens so far on the host, row
+by row; beam search keeps its whole state on the device (the tokens so far, the finished
+hypotheses) and brings its hypotheses to the host once, at its end.
 
-`fixed_shape_beam_search` is the same beam search for a device where that copy costs (CUDA; the
-execution policy chooses it, decode.batch_shape): every row stays to the batch's end in a KV
-cache of fixed shape (model.FixedDecoderCache), so every step has the same shapes, and the
-search's state (tokens so far, finished hypotheses, which sentences are done) lives on the device
-(`advance`, a pure step over `BeamState`). The host reads whether every sentence is done every
-`check_every` steps. It finds the hypotheses `beam_search` finds, up to float rounding, and stops
-each sentence at the same step (tests/decode/test_fixed_shape.py).
+With fixed_shape (`fixed_shape_beam_search`: for CUDA, where even that copy costs; the execution
+policy chooses it, decode.batch_shape) the same search keeps every row to the batch's end in KV
+caches of fixed shape (model.FixedDecoderCache), so every step has the same shapes, and the host
+reads whether every sentence is done every `check_every` steps. The same step and the same rule:
+it finds the hypotheses the shrinking batch finds, up to float rounding (its products run in
+batches of other shapes), each sentence stopped at the same step (tests/decode/test_fixed_shape.py).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -358,36 +360,204 @@ def survivors(
     return scores, rows, token.gather(1, pick).view(-1)
 
 
+# ---- beam search: a pure step over the search's state (`advance`), and the loop that runs it ---
+NO_TOKEN = -1
+"""A place in the tokens so far (BeamState.prefixes, Finished.tokens) that holds no token yet."""
+
+
 @dataclass(frozen=True)
-class StepOnHost:
-    """What the beam search loop reads of one step, copied from the device at once: of each
-    sentence's best k candidates (k = the beams per sentence), flattened row by row (B*K,),
-    their scores, origin beams and tokens; the best live score of each sentence (B,); and the
-    survivors' origin rows and tokens (B*K,), as `survivors` gives them."""
+class Finished:
+    """Each sentence's best finished hypotheses so far, on the device, best first (ties: the
+    earlier first): B sentences, K = the beam size, L = the batch's longest output. An empty place
+    scores -inf."""
 
-    cand_scores: list[float]
-    origin: list[float]
-    token: list[float]
-    best_live: list[float]
-    rows: list[float]
-    next_token: list[float]
+    scores: Tensor  # (B, K) length-normalised, in float64 (float32 on MPS, which has no float64)
+    tokens: Tensor  # (B, K, L) each one's tokens (no EOS), then NO_TOKEN
+
+    @classmethod
+    def none(cls, batch: int, k: int, length: int, device: torch.device) -> Finished:
+        dtype = score_dtype(device)  # float64, but on MPS
+        return cls(
+            torch.full((batch, k), -torch.inf, dtype=dtype, device=device),
+            torch.full((batch, k, length), NO_TOKEN, dtype=torch.long, device=device),
+        )
+
+    def of(self, sentences: Tensor) -> Finished:
+        """Sentences `sentences` (n,) alone."""
+        return Finished(
+            self.scores.index_select(0, sentences), self.tokens.index_select(0, sentences)
+        )
 
 
-def ended_hypotheses(
-    step: StepOnHost, prefixes: list[list[int]], eos_id: int, penalty: float
-) -> list[tuple[int, Hypothesis]]:
-    """(sentence row, hypothesis) for the candidates among each row's best k that end in EOS,
-    best first within a row; scores divided by the length penalty. prefixes: each beam row's
-    tokens so far (B*K lists)."""
-    k = len(prefixes) // len(step.best_live)
-    ended = []
-    for index, (score, beam, token) in enumerate(
-        zip(step.cand_scores, step.origin, step.token, strict=True)
-    ):
-        if token == eos_id and math.isfinite(score):
-            b = index // k
-            ended.append((b, Hypothesis(prefixes[b * k + int(beam)], score / penalty)))
-    return ended
+def hypotheses(parts: Sequence[tuple[list[int], Finished]]) -> list[list[Hypothesis]]:
+    """Per sentence, its finished hypotheses, best first, from (input indices, their Finished)
+    pairs that hold every sentence once: brought to the host in one copy, in the scores' dtype
+    (token ids, far below 2 ** 24, are exact in float32 too)."""
+    places = torch.cat(
+        [torch.cat([f.scores.unsqueeze(2), f.tokens.to(f.scores)], dim=2) for _, f in parts]
+    ).tolist()  # (B, K, 1 + L): the score, then the tokens
+    order = [sentence for sentences, _ in parts for sentence in sentences]
+    found: list[list[Hypothesis]] = [[] for _ in order]
+    for sentence, sentence_places in zip(order, places, strict=True):
+        found[sentence] = [
+            Hypothesis([int(t) for t in place[1:] if t != NO_TOKEN], place[0])
+            for place in sentence_places
+            if math.isfinite(place[0])
+        ]
+    return found
+
+
+def kept_finished(finished: Finished, ended_scores: Tensor, ended_tokens: Tensor) -> Finished:
+    """`finished` with this step's ended hypotheses, the best K of each sentence kept.
+    ended_scores (B, K): each sentence's best K candidates' normalised scores where they end
+    here, -inf where not; ended_tokens (B, K, L) their tokens (no EOS). A stable sort with the
+    kept ones first: of equal scores, the one found earlier (or the better candidate of a step)
+    stays ahead."""
+    all_scores = torch.cat([finished.scores, ended_scores], dim=1)  # (B, 2K): the kept ones first
+    order = all_scores.sort(dim=1, descending=True, stable=True).indices[:, : ended_scores.shape[1]]
+    return Finished(
+        all_scores.gather(1, order),  # (B, K)
+        torch.cat([finished.tokens, ended_tokens], dim=1).gather(
+            1, order.unsqueeze(2).expand(-1, -1, ended_tokens.shape[2])
+        ),
+    )
+
+
+def sentences_done(
+    finished: Tensor, best_live: Tensor, largest_penalty: Tensor, stop_early: bool
+) -> Tensor:
+    """The stopping rule, for every sentence at once: (B,) True where the sentence holds K
+    finished hypotheses (finished: (B, K) normalised scores, best first) and, unless stop_early,
+    no live one can beat the worst of them. best_live (B,): the best live hypothesis's
+    log-probability, which can only fall; largest_penalty (B,): the largest length penalty it
+    could still get (the penalty is monotonic in the length: at the next step's length or at the
+    sentence's limit), so its normalised score is at most best_live / largest_penalty."""
+    worst = finished[:, -1]
+    full = worst > -torch.inf
+    if stop_early:
+        return full
+    return full & (worst >= best_live.to(finished.dtype) / largest_penalty)
+
+
+@dataclass(frozen=True)
+class BeamState:
+    """What beam search carries from step to step, all on the device."""
+
+    scores: Tensor  # (B, 1) before the first step, then (B, K): the live beams' log-probabilities
+    prefixes: Tensor  # (B*K, L) each row's tokens so far (the first `step` places), then NO_TOKEN
+    finished: Finished
+    done: Tensor  # (B,) which sentences are done: nothing their rows find counts any more
+
+    @classmethod
+    def start(cls, batch: int, k: int, length: int, device: torch.device) -> BeamState:
+        return cls(
+            scores=torch.zeros(batch, 1, device=device),
+            prefixes=torch.full((batch * k, length), NO_TOKEN, dtype=torch.long, device=device),
+            finished=Finished.none(batch, k, length, device),
+            done=torch.zeros(batch, dtype=torch.bool, device=device),
+        )
+
+    def of(self, sentences: Tensor, rows: Tensor) -> BeamState:
+        """Sentences `sentences` (n,) alone, whose beams are rows `rows` (n*K,)."""
+        return BeamState(
+            self.scores.index_select(0, sentences),
+            self.prefixes.index_select(0, rows),
+            self.finished.of(sentences),
+            self.done.index_select(0, sentences),
+        )
+
+
+@dataclass(frozen=True)
+class SearchRule:
+    """Beam search's settings, with each sentence's length limit (B,) and the length penalty
+    there (in the finished scores' dtype: the exact `length_penalty`) on the device."""
+
+    k: int
+    eos_id: int
+    alpha: float
+    stop_early: bool
+    limits: Tensor
+    limit_penalties: Tensor
+
+    def of(self, sentences: Tensor) -> SearchRule:
+        """Sentences `sentences` (n,) alone."""
+        return replace(
+            self,
+            limits=self.limits.index_select(0, sentences),
+            limit_penalties=self.limit_penalties.index_select(0, sentences),
+        )
+
+
+def advance(
+    state: BeamState, log_probs: Tensor, step: int, rule: SearchRule
+) -> tuple[BeamState, Tensor, Tensor]:
+    """One step of beam search from next-token log-probabilities, (B, V) at the first step
+    (every beam of a sentence is BOS alone: one row each) or (B*K, V): the new state, the rows
+    the survivors continue (B*K,) and their tokens (B*K,). Pure, and without a copy to the host.
+
+    Of each sentence's best K candidates, those that end in EOS (at a finite score, in a
+    sentence not done) join its finished hypotheses (`kept_finished`); the sentence is done at
+    its length limit or by the stopping rule (`sentences_done`)."""
+    batch, k = state.done.shape[0], rule.k
+    beams = log_probs.view(batch, -1, log_probs.shape[1])  # (B, 1 or K, V)
+    beams = beams[:, : state.scores.shape[1]]  # the first step: beam 0 alone
+    cand_scores, origin, token = beam_step(beams, state.scores, 2 * k)
+    scores, rows, next_token = survivors(cand_scores, origin, token, rule.eos_id, k)
+    best = cand_scores[:, :k]  # (B, K), as origin[:, :k] and token[:, :k]
+    # > -inf: a candidate that exists (not NaN either)
+    ended = (token[:, :k] == rule.eos_id) & (best > -torch.inf) & ~state.done.unsqueeze(1)
+    normalised = best.to(state.finished.scores.dtype) / length_penalty(step + 1, rule.alpha)
+    ended_rows = torch.arange(batch, device=rows.device).unsqueeze(1) * k + origin[:, :k]
+    ended_tokens = state.prefixes.index_select(0, ended_rows.view(-1)).view(batch, k, -1)
+    finished = kept_finished(
+        state.finished, torch.where(ended, normalised, -torch.inf), ended_tokens
+    )
+    largest_penalty = rule.limit_penalties.clamp(min=length_penalty(step + 2, rule.alpha))
+    done = (
+        state.done
+        | (step + 1 >= rule.limits)
+        | sentences_done(finished.scores, scores[:, 0], largest_penalty, rule.stop_early)
+    )
+    prefixes = state.prefixes.index_select(0, rows)
+    prefixes[:, step] = next_token
+    return BeamState(scores, prefixes, finished, done), rows, next_token
+
+
+@dataclass
+class LiveSentences:
+    """The live sentences of a beam search's batch, as its loop keeps them: the members'
+    decoders, the search's state and rule, and each row's last token on the device; each
+    sentence's input index on the host."""
+
+    decoders: Decoders
+    state: BeamState
+    rule: SearchRule
+    last: Tensor  # (B,) at the first step of a shrinking batch (one row a sentence), else (B*K,)
+    sentences: list[int]
+
+    def at_limit(self, step: int) -> Tensor:
+        """Which rows are at their length limit at this step (N,): only EOS may follow there."""
+        rows = len(self.last) // len(self.sentences)  # 1 or K a sentence
+        return (step + 1 >= self.rule.limits).repeat_interleave(rows)
+
+    def leave(self, done: list[float], rows: Tensor) -> tuple[list[int], Finished]:
+        """Sentences `done` (True or False, each) leave: (their input indices, their finished
+        hypotheses). The rest's rows become the survivors `rows` (B*K,), as a step's
+        `reorder` makes them."""
+        live = [b for b, d in enumerate(done) if not d]
+        gone = [b for b, d in enumerate(done) if d]
+        device, k = rows.device, self.rule.k
+        left = self.state.finished.of(torch.tensor(gone, device=device))
+        kept = torch.tensor(live, device=device)
+        kept_rows = (kept.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)  # (n*K,)
+        self.state, self.rule = self.state.of(kept, kept_rows), self.rule.of(kept)
+        # A survivor's origin row lies in its own sentence, whose rows share the encoder output
+        # and cross-attention keys and values: one index reorders and prunes.
+        self.decoders.keep(rows.index_select(0, kept_rows))
+        self.last = self.last.index_select(0, kept_rows)
+        gone_sentences = [self.sentences[b] for b in gone]
+        self.sentences = [self.sentences[b] for b in live]
+        return gone_sentences, left
 
 
 @torch.no_grad()
@@ -404,322 +574,65 @@ def beam_search(
     max_len_b: int = 50,
     min_len: int = 0,
     stop_early: bool = False,
-    prune_finished: bool = True,
-    src_padded: bool = True,
-) -> list[list[Hypothesis]]:
-    """Per sentence, up to beam_size finished hypotheses, best first.
-
-    A sentence stops by the module's stopping rule (stop_early: by fairseq's); with
-    prune_finished (the default) its rows then leave the batch. False keeps them to the end, for
-    tests: the outputs are the same.
-    """
-    k = beam_size
-    decoders = as_ensemble(model).start(src, padded=src_padded)
-    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)  # (B,)
-    sentence_limits = [int(limit) for limit in host_values(limits)[0]]
-    # A sentence's beams all start from BOS alone: the first step runs one row per sentence,
-    # whose cache then becomes its k beams' (decoders.repeat_beams).
-    row_limits = limits  # each row's limit: (B,), then (B*K,)
-    last = torch.full((src.shape[0],), bos_id, dtype=torch.long, device=src.device)
-    prefixes: list[list[int]] = [[] for _ in range(src.shape[0] * k)]  # each row's tokens so far
-    scores = torch.zeros(src.shape[0], 1, device=src.device)  # (B, beams so far)
-    sentence = list(range(src.shape[0]))  # input index of each live sentence
-    done = [False] * src.shape[0]
-    finished: list[list[Hypothesis]] = [[] for _ in sentence]
-    for step in range(max(sentence_limits)):
-        at_limit = [step + 1 >= limit for limit in sentence_limits]
-        log_probs = next_token_log_probs(
-            decoders,
-            last[:, None],
-            step + 1 >= row_limits if any(at_limit) else None,
-            step=step,
-            min_len=min_len,
-            bos_id=bos_id,
-            eos_id=eos_id,
-            unk_id=unk_id,
-        )
-        if step == 0:
-            decoders.repeat_beams(k)  # row b becomes rows b * k ... b * k + k - 1
-            row_limits = limits.repeat_interleave(k)  # (B*K,)
-        beams = log_probs.view(len(sentence), scores.shape[1], -1)  # (B, 1 or K, V)
-        cand_scores, origin, token = beam_step(beams, scores, 2 * k)
-        scores, rows, next_token = survivors(cand_scores, origin, token, eos_id, k)
-        on_host = StepOnHost(
-            *host_values(
-                cand_scores[:, :k], origin[:, :k], token[:, :k], scores[:, 0], rows, next_token
-            )
-        )
-        penalty = length_penalty(step + 1, alpha)
-        for b, hypothesis in ended_hypotheses(on_host, prefixes, eos_id, penalty):
-            if not done[b]:
-                keep_best(finished[sentence[b]], hypothesis, k)
-        done = [
-            d
-            or at
-            or sentence_done(finished[sentence[b]], best, step + 2, limit, alpha, k, stop_early)
-            for b, (d, at, best, limit) in enumerate(
-                zip(done, at_limit, on_host.best_live, sentence_limits, strict=True)
-            )
-        ]
-        if all(done):
-            break
-        kept_rows = range(len(prefixes))
-        if prune_finished and any(done):
-            live = [b for b, d in enumerate(done) if not d]
-            keep = beam_rows(live, k, src.device)
-            scores, rows, last, row_limits = (
-                scores[live],
-                rows[keep],
-                next_token[keep],
-                row_limits[keep],
-            )
-            # A survivor's origin row lies in its own sentence, whose rows share the encoder
-            # output and cross-attention keys and values: one index reorders and prunes.
-            decoders.keep(rows)
-            kept_rows = [b * k + j for b in live for j in range(k)]
-            sentence, sentence_limits = (
-                [sentence[b] for b in live],
-                [sentence_limits[b] for b in live],
-            )
-            done = [False] * len(live)
-        else:
-            decoders.reorder(rows)
-            last = next_token
-        prefixes = [
-            prefixes[int(on_host.rows[i])] + [int(on_host.next_token[i])] for i in kept_rows
-        ]  # (B*K lists, step + 1 tokens each)
-    return finished  # each list kept best first
-
-
-def keep_best(kept: list[Hypothesis], hypothesis: Hypothesis, k: int) -> None:
-    """Add `hypothesis` to a sentence's finished ones, keeping the best k, best first (ties: the
-    earlier first)."""
-    kept.append(hypothesis)
-    kept.sort(key=lambda h: h.score, reverse=True)
-    del kept[k:]
-
-
-def sentence_done(
-    kept: list[Hypothesis],
-    best_live: float,
-    next_length: int,
-    limit: int,
-    alpha: float,
-    k: int,
-    stop_early: bool,
-) -> bool:
-    """True when `kept` holds k finished hypotheses and, unless stop_early, no live one can beat
-    the worst of them.
-
-    best_live: the best live hypothesis's log-probability, which can only fall; it would finish
-    with at least next_length and at most `limit` tokens (EOS included), so its normalised score
-    is at most best_live divided by the larger of the penalties at those lengths (the penalty is
-    monotonic in the length: increasing for alpha > 0)."""
-    if len(kept) < k:
-        return False
-    if stop_early:
-        return True
-    largest_penalty = max(length_penalty(next_length, alpha), length_penalty(limit, alpha))
-    return kept[-1].score >= best_live / largest_penalty
-
-
-def beam_rows(sentences: list[int], k: int, device: torch.device) -> Tensor:
-    """Rows of these sentences' beams in the flattened (sentence, beam) batch: (len * K,)."""
-    index = torch.tensor(sentences, dtype=torch.long, device=device)
-    return (index.unsqueeze(1) * k + torch.arange(k, device=device)).view(-1)
-
-
-# ---- the fixed-shape search: every row to the batch's end, its state on the device -------------
-@dataclass(frozen=True)
-class Finished:
-    """Each sentence's best finished hypotheses so far, on the device, best first (ties: the
-    earlier first, as `keep_best`): B sentences, K = the beam size, L = the batch's longest
-    output. An empty place scores -inf."""
-
-    scores: Tensor  # (B, K) length-normalised, in float64 (float32 on MPS, which has no float64)
-    tokens: Tensor  # (B, K, L) the first `lengths` of each are its tokens (no EOS)
-    lengths: Tensor  # (B, K)
-
-    @classmethod
-    def none(cls, batch: int, k: int, length: int, device: torch.device) -> Finished:
-        dtype = score_dtype(device)  # float64, but on MPS
-        return cls(
-            torch.full((batch, k), -torch.inf, dtype=dtype, device=device),
-            torch.zeros(batch, k, length, dtype=torch.long, device=device),
-            torch.zeros(batch, k, dtype=torch.long, device=device),
-        )
-
-    def hypotheses(self) -> list[list[Hypothesis]]:
-        """Per sentence, its finished hypotheses, best first: brought to the host at once."""
-        scores = self.scores.tolist()
-        rows = torch.cat([self.lengths.unsqueeze(2), self.tokens], dim=2).tolist()  # (B, K, 1 + L)
-        return [
-            [
-                Hypothesis(row[1 : 1 + row[0]], score)
-                for score, row in zip(sentence_scores, sentence_rows, strict=True)
-                if math.isfinite(score)
-            ]
-            for sentence_scores, sentence_rows in zip(scores, rows, strict=True)
-        ]
-
-
-def kept_finished(
-    finished: Finished,
-    ended: Tensor,
-    ended_scores: Tensor,
-    ended_rows: Tensor,
-    prefixes: Tensor,
-    step: int,
-    penalty: float,
-) -> Finished:
-    """`finished` with this step's ended hypotheses, the best K kept (the device's
-    `ended_hypotheses` and `keep_best`). ended (B, K): which of each sentence's best K
-    candidates end here (EOS, a finite score, a sentence not done); ended_scores (B, K) their
-    log-probabilities; ended_rows (B, K) the rows they continue, whose tokens so far are
-    prefixes[row, :step] (prefixes: (B*K, L))."""
-    batch, k = ended.shape
-    scores = torch.where(ended, ended_scores.to(finished.scores.dtype) / penalty, -torch.inf)
-    tokens = prefixes.index_select(0, ended_rows.view(-1)).view(batch, k, -1)  # (B, K, L)
-    lengths = torch.full_like(finished.lengths, step)
-    all_scores = torch.cat([finished.scores, scores], dim=1)  # (B, 2K): the kept ones first
-    order = all_scores.sort(dim=1, descending=True, stable=True).indices[:, :k]  # (B, K)
-    return Finished(
-        all_scores.gather(1, order),
-        torch.cat([finished.tokens, tokens], dim=1).gather(
-            1, order.unsqueeze(2).expand(-1, -1, tokens.shape[2])
-        ),
-        torch.cat([finished.lengths, lengths], dim=1).gather(1, order),
-    )
-
-
-def sentences_done(
-    finished: Tensor, best_live: Tensor, largest_penalty: Tensor, stop_early: bool
-) -> Tensor:
-    """`sentence_done` for every sentence at once, on the device: (B,) True where the sentence
-    holds K finished hypotheses (finished: (B, K), best first) and, unless stop_early, the worst
-    of them is at least the best live log-probability best_live (B,) divided by the largest
-    penalty that hypothesis could still get, largest_penalty (B,)."""
-    full = finished[:, -1] > -torch.inf
-    if stop_early:
-        return full
-    return full & (finished[:, -1] >= best_live.to(finished.dtype) / largest_penalty)
-
-
-@dataclass(frozen=True)
-class BeamState:
-    """What the fixed-shape search carries from step to step, all on the device."""
-
-    scores: Tensor  # (B, 1) before the first step, then (B, K): the live beams' log-probabilities
-    prefixes: Tensor  # (B*K, L) each row's tokens so far (the first `step` columns)
-    finished: Finished
-    done: Tensor  # (B,) which sentences are done: their rows go on, but nothing they find counts
-
-
-@dataclass(frozen=True)
-class SearchRule:
-    """The fixed-shape search's settings, with each sentence's limit (B,) and its penalty
-    (float64: the host's `length_penalty`) on the device."""
-
-    k: int
-    eos_id: int
-    alpha: float
-    stop_early: bool
-    limits: Tensor
-    limit_penalties: Tensor
-
-
-def advance(
-    state: BeamState, log_probs: Tensor, step: int, rule: SearchRule
-) -> tuple[BeamState, Tensor, Tensor]:
-    """One step of the fixed-shape search from next-token log-probabilities (B*K, V): the new
-    state, the rows the survivors continue (B*K,) and their tokens (B*K,). Pure: the device's
-    counterpart of the loop body of `beam_search`, without a copy to the host."""
-    batch, k = state.done.shape[0], rule.k
-    beams = log_probs.view(batch, k, -1)[:, : state.scores.shape[1]]  # step 0: beam 0 alone
-    cand_scores, origin, token = beam_step(beams, state.scores, 2 * k)
-    scores, rows, next_token = survivors(cand_scores, origin, token, rule.eos_id, k)
-    best = (cand_scores[:, :k], origin[:, :k], token[:, :k])  # (B, K) each
-    ended = (best[2] == rule.eos_id) & best[0].isfinite() & ~state.done.unsqueeze(1)
-    sentence_rows = torch.arange(batch, device=scores.device).unsqueeze(1) * k
-    finished = kept_finished(
-        state.finished,
-        ended,
-        best[0],
-        sentence_rows + best[1],
-        state.prefixes,
-        step,
-        length_penalty(step + 1, rule.alpha),
-    )
-    largest_penalty = rule.limit_penalties.clamp(min=length_penalty(step + 2, rule.alpha))
-    done = (
-        state.done
-        | (step + 1 >= rule.limits)
-        | sentences_done(finished.scores, scores[:, 0], largest_penalty, rule.stop_early)
-    )
-    prefixes = state.prefixes.index_select(0, rows)
-    prefixes[:, step] = next_token
-    return BeamState(scores, prefixes, finished, done), rows, next_token
-
-
-@torch.no_grad()
-def fixed_shape_beam_search(
-    model: Transformer | Ensemble,
-    src: Tensor,
-    *,
-    beam_size: int,
-    bos_id: int,
-    eos_id: int,
-    unk_id: int | None = None,
-    alpha: float = 0.6,
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
-    min_len: int = 0,
-    stop_early: bool = False,
+    fixed_shape: bool = False,
     check_every: int = 4,
     src_padded: bool = True,
 ) -> list[list[Hypothesis]]:
-    """`beam_search` with every row kept to the batch's end and the search's state on the
-    device: the same hypotheses (up to float rounding), for a device where each copy to the
-    host waits for it (CUDA).
+    """Per sentence, up to beam_size finished hypotheses, best first: `advance` step after
+    step until every sentence is done (the module's stopping rule; stop_early: fairseq's).
 
-    The batch is rows x the longest output from the first step (each sentence's K beams, all
-    BOS at first; the first step reads beam 0's log-probabilities alone, as `beam_search` reads
-    its one row), in FixedDecoderCaches, so every step has the same shapes. Finished hypotheses,
-    the tokens so far and the stopping rule are tensors (`advance`); a done sentence's rows go
-    on, masked: what they find is not kept. Whether every sentence is done is read every
-    `check_every` steps, the search's only copies to the host but the limits at its start and
-    the hypotheses at its end.
+    After each step the host reads which sentences are done (the step's one copy), and their
+    rows leave the batch. fixed_shape (for CUDA; the execution policy's decode.batch_shape):
+    every row stays to the batch's end, in FixedDecoderCaches, each sentence's K rows from the
+    first step (which reads beam 0's log-probabilities alone, as a shrinking batch reads its
+    sentence's one row), so every step has the same shapes; a done sentence's rows go on, and
+    nothing they find counts. The host then reads whether every sentence is done every
+    `check_every` steps. Both find the same hypotheses, up to float rounding.
     """
     k, batch, device = beam_size, src.shape[0], src.device
     ensemble = as_ensemble(model)
     limits = max_lengths(src != ensemble.pad_id, max_len_a, max_len_b)  # (B,)
     sentence_limits = [int(limit) for limit in host_values(limits)[0]]
     longest = max(sentence_limits)
-    decoders = ensemble.start(src, max_length=longest, padded=src_padded)
-    state = BeamState(
-        scores=torch.zeros(batch, 1, device=device),
-        prefixes=torch.zeros(batch * k, longest, dtype=torch.long, device=device),
-        finished=Finished.none(batch, k, longest, device),
-        done=torch.zeros(batch, dtype=torch.bool, device=device),
-    )
+    state = BeamState.start(batch, k, longest, device)
     penalties = [length_penalty(limit, alpha) for limit in sentence_limits]
     penalties = torch.tensor(penalties, dtype=state.finished.scores.dtype).to(device)
-    rule = SearchRule(k, eos_id, alpha, stop_early, limits, penalties)
-    row_limits = limits.repeat_interleave(k)  # (B*K,)
-    last = torch.full((batch * k,), bos_id, dtype=torch.long, device=device)
+    live = LiveSentences(
+        ensemble.start(src, max_length=longest if fixed_shape else None, padded=src_padded),
+        state,
+        SearchRule(k, eos_id, alpha, stop_early, limits, penalties),
+        torch.full((batch * (k if fixed_shape else 1),), bos_id, dtype=torch.long, device=device),
+        list(range(batch)),
+    )
+    left: list[tuple[list[int], Finished]] = []  # the sentences that left the batch
     for step in range(longest):
         log_probs = next_token_log_probs(
-            decoders,
-            last[:, None],
-            step + 1 >= row_limits,
+            live.decoders,
+            live.last[:, None],
+            # a fixed shape: the same work every step; else a mask only once it can matter
+            live.at_limit(step) if fixed_shape or step + 1 >= min(sentence_limits) else None,
             step=step,
             min_len=min_len,
             bos_id=bos_id,
             eos_id=eos_id,
             unk_id=unk_id,
         )
-        state, rows, last = advance(state, log_probs, step, rule)
-        decoders.reorder(rows)
-        if (step + 1) % check_every == 0 and host_values(state.done.all())[0][0]:
-            break
-    return state.finished.hypotheses()
+        if step == 0 and not fixed_shape:
+            live.decoders.repeat_beams(k)  # row b becomes rows b * k ... b * k + k - 1
+        live.state, rows, live.last = advance(live.state, log_probs, step, live.rule)
+        if not fixed_shape or (step + 1) % check_every == 0:
+            done = host_values(live.state.done)[0]
+            if all(done):
+                break
+            if any(done) and not fixed_shape:
+                left.append(live.leave(done, rows))
+                continue
+        live.decoders.reorder(rows)
+    return hypotheses([*left, (live.sentences, live.state.finished)])
+
+
+def fixed_shape_beam_search(
+    model: Transformer | Ensemble, src: Tensor, *, check_every: int = 4, **settings
+) -> list[list[Hypothesis]]:
+    """`beam_search` with fixed_shape: every row to the batch's end (CUDA's)."""
+    return beam_search(model, src, fixed_shape=True, check_every=check_every, **settings)

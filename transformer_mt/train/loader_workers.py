@@ -65,14 +65,28 @@ def end_with(sentinel: int) -> None:
 def worker_batches(loader: Iterable[Item]) -> Iterator[Item]:
     """The loader's batches; TransformerMTError, saying what probably happened and what to do,
     where a worker ended unexpectedly (torch: "DataLoader worker (pid(s) N) exited
-    unexpectedly", or "... is killed by signal: Killed." for a worker that is its child)."""
+    unexpectedly", or "... is killed by signal: Killed." for a worker that is its child; or the
+    connection that hands a batch's shared memory over reset, where the worker died while it
+    sent one)."""
     batches = iter(loader)
     try:
         yield from batches
-    except RuntimeError as error:
-        if not str(error).startswith(WORKER_DIED):
+    except (RuntimeError, ConnectionError, EOFError) as error:
+        if not worker_ended(batches, error):
             raise
         raise TransformerMTError(worker_death(batches, error)) from error
+
+
+def worker_ended(batches: Iterator, error: Exception) -> bool:
+    """Whether `error`, raised by the loader's iterator, means that a worker ended: torch's
+    message says so, or a connection broke and a worker has ended (given a few seconds to be
+    reaped: the kernel closes a killed process's connections before its exit status is out)."""
+    if isinstance(error, RuntimeError):
+        return str(error).startswith(WORKER_DIED)
+    workers = getattr(batches, "_workers", [])
+    for worker in workers:
+        worker.join(timeout=5.0)
+    return any(worker.exitcode for worker in workers)
 
 
 def worker_death(batches: Iterator, error: RuntimeError) -> str:
