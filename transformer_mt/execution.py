@@ -27,7 +27,7 @@ ready once: onednn.OneDnnLinear, int8.py) alike; `loss_chunks` what the training
 A few rules depend on the tensors of one call, not on a run's settings; they are functions here
 that the model and the search ask: `attends_few_queries` (a decoding step's attention on the
 CPU), `draws_cpu_dropout_masks` (the CPU's dropout masks), `gathers_in_place` (a KV cache's
-gather on MPS) and `score_dtype` (the fixed-shape search's scores). What a process sets once for
+gather on MPS) and `score_dtype` (beam search's scores). What a process sets once for
 its device (the GPU made current, TF32, the CUDA allocator, malloc, threads) is
 device.prepare_process, for training and decoding alike.
 
@@ -512,6 +512,7 @@ def gathers_in_place(device: torch.device) -> bool:
 
 
 def score_dtype(device: torch.device) -> torch.dtype:
-    """The dtype of the fixed-shape search's length-normalised scores on `device`: float64, as
-    the host's search computes them (search.length_penalty); float32 on MPS, which has none."""
+    """The dtype of beam search's length-normalised scores on `device` (the shrinking and the
+    fixed-shape batch alike): float64, as search.length_penalty computes the penalty; float32 on
+    MPS, which has none."""
     return torch.float32 if device.type == "mps" else torch.float64
