@@ -122,7 +122,7 @@ class SetUp(Exception):  # noqa: N818  (not an error: where a benchmark stopped,
 
 
 def set_up_first(monkeypatch, module) -> None:
-    def recorded(name: str):
+    def recorded(name: str, threads: int = 0):
         raise SetUp(name)
 
     monkeypatch.setattr(module, "set_up_process", recorded)
