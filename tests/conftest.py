@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
+from pathlib import Path
 
 import pytest
-from toy_runs import TINY_TRAIN
+from toy_runs import TINY_TRAIN, learned_toy_run, train_one_update
 
 from transformer_mt.config import compose_job
 
@@ -26,3 +28,22 @@ def tiny_train_job(tmp_path):
 def tiny_overrides() -> list[str]:
     """TINY_TRAIN as command-line overrides (for runs through the CLI or torchrun)."""
     return list(TINY_TRAIN)
+
+
+@pytest.fixture(scope="session")
+def learned_run(tmp_path_factory):
+    """One run folder per test session whose tiny model has learned short toy sentences (400
+    updates, toy_runs.learned_toy_run), for the tests that only read it: train nothing in it."""
+    return learned_toy_run(tmp_path_factory.mktemp("learned"), steps=400)
+
+
+@pytest.fixture(scope="session")
+def one_update_template(tmp_path_factory) -> Path:
+    return train_one_update(tmp_path_factory.mktemp("one-update"))
+
+
+@pytest.fixture
+def one_update_run(one_update_template, tmp_path) -> Path:
+    """tmp_path/run: a copy, the test's own, of a run folder with a one-update tiny model
+    (toy_runs.train_one_update, trained once per test session): enough to translate with."""
+    return Path(shutil.copytree(one_update_template, tmp_path / "run"))

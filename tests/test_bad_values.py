@@ -4,20 +4,16 @@ allocated: one line, exit 2 from the CLI, no run folder, no output file touched.
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from console_commands import run_commands_together
 
 from transformer_mt.commands.train import train
 from transformer_mt.commands.translate import translate
 from transformer_mt.config import DecodeConfig, ServeJob, compose_job
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy
-
-BIN = Path(sys.executable).parent
 
 
 @pytest.mark.parametrize(
@@ -100,29 +96,25 @@ def test_a_server_whose_own_settings_refuse_every_request_does_not_start(monkeyp
     assert loaded == []
 
 
-@pytest.mark.parametrize(
-    ("command", "settings", "key"),
-    [
+def test_the_cli_says_it_in_one_line_with_exit_2_and_writes_nothing(tmp_path):
+    refused = [
         ("tmt-train", ["data=toy", "model=tiny", "trainer.device=cpu",
                        "trainer.sdpa_backends=[efficient]"], "trainer.sdpa_backends"),
         ("tmt-translate", ["decode.beam_size=100000"], "decode.beam_size"),
         ("tmt-translate", ["decode=sample", "decode.temperature=1e-300"], "decode.temperature"),
         ("tmt-serve", ["port=70000"], "port"),
-    ],
-)  # fmt: skip
-def test_the_cli_says_it_in_one_line_with_exit_2_and_writes_nothing(
-    tmp_path, command, settings, key
-):
-    run_dir = tmp_path / "run"
-    extra = [f"data.prepared_dir={tmp_path / 'prepared'}"] if command == "tmt-train" else []
-    result = subprocess.run(
-        [str(BIN / command), f"run_dir={run_dir}", *extra, *settings],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 2, result.stderr
-    errors = [line for line in result.stderr.splitlines() if "[ERROR]" in line]
-    assert len(errors) == 1 and f"config key '{key}'" in errors[0], result.stderr
-    assert "Traceback" not in result.stderr
-    assert list(tmp_path.iterdir()) == []
+    ]  # fmt: skip
+    commands = []
+    for number, (command, settings, _) in enumerate(refused):
+        folder = tmp_path / str(number)  # each command's own, to be left empty
+        folder.mkdir()
+        extra = [f"data.prepared_dir={folder / 'prepared'}"] if command == "tmt-train" else []
+        commands.append([command, f"run_dir={folder / 'run'}", *extra, *settings])
+    results = run_commands_together(commands)
+    for number, ((_, _, key), result) in enumerate(zip(refused, results, strict=True)):
+        stderr = result.stderr.decode()
+        assert result.returncode == 2, stderr
+        errors = [line for line in stderr.splitlines() if "[ERROR]" in line]
+        assert len(errors) == 1 and f"config key '{key}'" in errors[0], stderr
+        assert "Traceback" not in stderr
+        assert list((tmp_path / str(number)).iterdir()) == []

@@ -8,51 +8,34 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from console_commands import BIN, run_command, run_commands_together
 
 from transformer_mt.data.tokenizer import Tokenizer
 
-BIN = Path(sys.executable).parent
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 
-def run(command: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / command), *args], input=stdin, capture_output=True, timeout=120
-    )
-
-
-def test_unknown_config_key_is_named_without_traceback(tmp_path):
-    result = run("tmt-train", f"run_dir={tmp_path}", "model.d_modle=7")
-    stderr = result.stderr.decode()
-    assert result.returncode != 0
-    assert "d_modle" in stderr
-    assert "Traceback" not in stderr
-
-
-@pytest.mark.parametrize(
-    "command,override,key",
-    [
+def test_a_value_hydra_refuses_is_one_line_naming_the_key_and_exit_2(tmp_path):
+    """Issue 59, finding 15: Hydra's own refusals (a value of the wrong type, an unknown key)
+    exited 1 with several lines, as a crash does, where the project's checks exit 2."""
+    refused = [
         ("tmt-train", "decode.batch_shape=wide", "decode.batch_shape"),
         ("tmt-train", "trainer.compile=null", "trainer.compile"),
         ("tmt-train", "model.d_modle=7", "model.d_modle"),
         ("tmt-translate", "decode.batch_shape=wide", "decode.batch_shape"),
-    ],
-)
-def test_a_value_hydra_refuses_is_one_line_naming_the_key_and_exit_2(
-    tmp_path, command, override, key
-):
-    """Issue 59, finding 15: Hydra's own refusals (a value of the wrong type, an unknown key)
-    exited 1 with several lines, as a crash does, where the project's checks exit 2."""
-    result = run(command, f"run_dir={tmp_path / 'run'}", override)
-    lines = result.stderr.decode().strip().splitlines()
-    assert result.returncode == 2, result.stderr.decode()
-    assert len(lines) == 1 and f"config key '{key}': " in lines[0], lines
+    ]
+    results = run_commands_together(
+        [[command, f"run_dir={tmp_path / 'run'}", override] for command, override, _ in refused]
+    )
+    for (_, _, key), result in zip(refused, results, strict=True):
+        lines = result.stderr.decode().strip().splitlines()
+        assert result.returncode == 2, result.stderr.decode()
+        assert len(lines) == 1 and f"config key '{key}': " in lines[0], lines
     assert not (tmp_path / "run").exists()
 
 
 def test_impossible_value_is_named(tmp_path):
-    result = run("tmt-train", f"run_dir={tmp_path}", "model.n_heads=7")
+    result = run_command("tmt-train", f"run_dir={tmp_path}", "model.n_heads=7")
     stderr = result.stderr.decode()
     assert result.returncode == 2
     assert "model.d_model" in stderr and "n_heads=7" in stderr
@@ -61,7 +44,7 @@ def test_impossible_value_is_named(tmp_path):
 
 def test_missing_checkpoint_is_named(tmp_path):
     (tmp_path / "config.yaml").write_text("data: {}\n")
-    result = run("tmt-eval", f"run_dir={tmp_path}", "checkpoint=missing.pt")
+    result = run_command("tmt-eval", f"run_dir={tmp_path}", "checkpoint=missing.pt")
     stderr = result.stderr.decode()
     assert result.returncode == 2
     assert str(tmp_path / "checkpoints" / "missing.pt") in stderr and "not found" in stderr
@@ -73,7 +56,7 @@ def test_mismatched_parallel_files_are_named(tmp_path):
     (tmp_path / "train.en").write_text("a\nb\n")
     (tmp_path / "valid.de").write_text("a\n")
     (tmp_path / "valid.en").write_text("a\n")
-    result = run(
+    result = run_command(
         "tmt-train",
         f"run_dir={tmp_path / 'run'}",
         "data=files",
@@ -87,59 +70,47 @@ def test_mismatched_parallel_files_are_named(tmp_path):
     assert "Traceback" not in stderr
 
 
-def train_one_update(tmp_path: Path) -> None:
-    """A run folder at tmp_path/run with a one-update tiny model (enough to translate with)."""
-    from transformer_mt.commands.train import train
-    from transformer_mt.config import compose_job
-
-    overrides = [
-        "data=toy",
-        "data.toy_sizes=[300,20,20]",
-        "data.vocab_size=400",
-        "model=tiny",
-        "trainer.max_steps=1",
-        "trainer.batch_tokens=1000",
-        "trainer.progress_bar=false",
-        "trainer.loader_workers=0",
-        f"run_dir={tmp_path / 'run'}",
-        f"data.prepared_dir={tmp_path / 'p'}",
-    ]
-    train(compose_job("train", overrides))
-
-
-def test_translate_keeps_one_output_line_per_input_line(tmp_path):
+def test_translate_keeps_one_output_line_per_input_line(tmp_path, one_update_run):
     """Unicode line separators inside a line must not split it; invalid UTF-8 is named."""
-    train_one_update(tmp_path)
     lines = "the dog.\nthe cat\u2028sees the dog.\n\nthe man.\n".encode()
-    result = run("tmt-translate", f"run_dir={tmp_path / 'run'}", "decode=greedy", stdin=lines)
+    result = run_command(
+        "tmt-translate", f"run_dir={tmp_path / 'run'}", "decode=greedy", stdin=lines
+    )
     assert result.returncode == 0, result.stderr.decode()
     assert len(result.stdout.decode("utf-8").split("\n")) == 5  # 4 lines + the final newline
-    result = run("tmt-translate", f"run_dir={tmp_path / 'run'}", stdin=b"ok\n\xff\n")
+    result = run_command("tmt-translate", f"run_dir={tmp_path / 'run'}", stdin=b"ok\n\xff\n")
     assert result.returncode == 2 and "<stdin>:2: not valid UTF-8" in result.stderr.decode()
 
 
-def test_translate_files_and_nbest_lists(tmp_path):
-    train_one_update(tmp_path)
+def test_translate_files_and_nbest_lists(tmp_path, one_update_run):
     (tmp_path / "in.txt").write_text("the dog.\n\nthe man sees the cat.\n", encoding="utf-8")
     run_dir, files = f"run_dir={tmp_path / 'run'}", [f"input={tmp_path / 'in.txt'}"]
-    out = tmp_path / "out.txt"
-    result = run("tmt-translate", run_dir, *files, f"output={out}", "decode.max_len_b=5")
-    assert result.returncode == 0, result.stderr.decode()
-    assert result.stdout == b"" and len(out.read_text(encoding="utf-8").splitlines()) == 3
+    out, attention = tmp_path / "out.txt", tmp_path / "attention.jsonl"
+    (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
+    translate = ["tmt-translate", run_dir, "decode.max_len_b=5"]
+    to_file, nbest, attended, bad = run_commands_together(
+        [
+            [*translate, *files, f"output={out}"],
+            [*translate, *files, "decode.nbest=3"],
+            [*translate, *files, f"attention={attention}"],
+            [*translate, f"input={tmp_path / 'bad.txt'}"],
+        ]
+    )
+    assert to_file.returncode == 0, to_file.stderr.decode()
+    assert to_file.stdout == b"" and len(out.read_text(encoding="utf-8").splitlines()) == 3
 
-    result = run("tmt-translate", run_dir, *files, "decode.nbest=3", "decode.max_len_b=5")
-    assert result.returncode == 0, result.stderr.decode()
-    entries = [line.split(" ||| ") for line in result.stdout.decode().splitlines()]
+    assert nbest.returncode == 0, nbest.stderr.decode()
+    entries = [line.split(" ||| ") for line in nbest.stdout.decode().splitlines()]
     assert [int(e[0]) for e in entries] == [0, 0, 0, 1, 2, 2, 2]  # the empty line: one entry
     for number in (0, 2):
         scores = [float(e[3]) for e in entries if int(e[0]) == number]
         assert scores == sorted(scores, reverse=True)
     assert all(len(e) == 4 and e[2] == f"F0= {e[3]}" for e in entries)  # Moses' 4 fields
 
-    attention = tmp_path / "attention.jsonl"
-    result = run("tmt-translate", run_dir, *files, f"attention={attention}", "decode.max_len_b=5")
-    assert result.returncode == 0, result.stderr.decode()
-    translations = result.stdout.decode().splitlines()
+    assert bad.returncode == 2 and "bad.txt:2: not valid UTF-8" in bad.stderr.decode()
+
+    assert attended.returncode == 0, attended.stderr.decode()
+    translations = attended.stdout.decode().splitlines()
     records = [json.loads(line) for line in attention.read_text(encoding="utf-8").splitlines()]
     assert [r["line"] for r in records] == [0, 1, 2] and records[1]["weights"] is None
     for number in (0, 2):
@@ -157,13 +128,8 @@ def test_translate_files_and_nbest_lists(tmp_path):
     assert plotted.returncode == 0, plotted.stderr.decode()
     assert (tmp_path / "attention.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    (tmp_path / "bad.txt").write_bytes(b"ok\n\xff\n")
-    result = run("tmt-translate", run_dir, f"input={tmp_path / 'bad.txt'}")
-    assert result.returncode == 2 and "bad.txt:2: not valid UTF-8" in result.stderr.decode()
 
-
-def test_at_a_terminal_each_line_is_translated_as_soon_as_it_is_entered(tmp_path):
-    train_one_update(tmp_path)
+def test_at_a_terminal_each_line_is_translated_as_soon_as_it_is_entered(tmp_path, one_update_run):
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         [str(BIN / "tmt-translate"), f"run_dir={tmp_path / 'run'}", "decode=greedy"],

@@ -7,17 +7,16 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from toy_runs import write_toy_files
 
 from transformer_mt.commands.evaluate import evaluate
 from transformer_mt.commands.export import export
-from transformer_mt.commands.train import train
 from transformer_mt.config import (
     DataConfig,
     DecodeConfig,
@@ -41,26 +40,11 @@ from transformer_mt.export.transformers import (
     marian_order,
 )
 from transformer_mt.model import Transformer, sinusoidal_table
+from transformer_mt.run_dir import RunDir
 
 transformers = pytest.importorskip("transformers")
 
 BIN = Path(sys.executable).parent
-# Short toy sentences as local files, and a learning rate and batch at which the tiny model
-# writes German words within 200 updates (conftest's TINY_TRAIN is tuned for speed, not
-# learning; tests/train/test_fine_tune.py learns the same way).
-LEARNING = [
-    "data=files",
-    "data.src_lang=en",
-    "data.tgt_lang=de",
-    "optim.lr_scale=0.7",
-    "optim.warmup_steps=60",
-    "optim.clip_norm=1.0",
-    "trainer.batch_tokens=3000",
-    "trainer.global_batch_tokens=2400",
-    "trainer.max_steps=200",
-    "trainer.valid_every=0",
-    "trainer.valid_bleu_sentences=0",
-]
 # What a user of the folder runs, in a process that imports transformers and torch only.
 HF_SIDE = """
 import contextlib, io, json, re, sys
@@ -114,9 +98,10 @@ def run_hf_side(folder: Path, request: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_trained_model_translates_the_same_in_transformers(tiny_train_job, tmp_path):
-    data = write_toy_files(tmp_path / "data", sizes=(3000, 40, 50))
-    run_dir = train(tiny_train_job(f"data.dir={data}", *LEARNING)).parents[1]
+def test_trained_model_translates_the_same_in_transformers(learned_run, tmp_path):
+    # A copy of the session's learned toy run (400 updates): a model that writes German words.
+    run_dir = Path(shutil.copytree(learned_run, tmp_path / "run"))
+    data = Path(RunDir(run_dir).data_config().dir)
     evaluate(compose_job("eval", [f"run_dir={run_dir}", "device=cpu"]))  # scores.test.json
     result = subprocess.run(
         [str(BIN / "tmt-export"), "format=transformers", f"run_dir={run_dir}"],
@@ -128,8 +113,7 @@ def test_trained_model_translates_the_same_in_transformers(tiny_train_job, tmp_p
     generation = json.loads((folder / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"]) == (4, 0.6)
 
-    sentences = (data / "test.en").read_text().splitlines()
-    assert len(sentences) == 50
+    sentences = (data / "test.en").read_text().splitlines()[:50]
     # Our search with the length limit of generation_config.json (max_length: the model's
     # max_positions, start token included; EOS forced last), where ours is a * source length + b
     # by default: outputs that reach it are then compared too.
@@ -165,7 +149,7 @@ def test_trained_model_translates_the_same_in_transformers(tiny_train_job, tmp_p
     ]
     assert reranked == ours_beam
     # A floor, not the check (the re-ranking is): how often the penalties disagree depends on how
-    # close the model's best hypotheses are (43-48 of 50 for learning rates near LEARNING's).
+    # close the model's best hypotheses are (43-48 of 50 for toy_runs.LEARNING's learning rates).
     assert same >= 40
     model = greedy.backend.model
     with torch.no_grad():
@@ -178,7 +162,7 @@ def test_trained_model_translates_the_same_in_transformers(tiny_train_job, tmp_p
     card = (folder / "README.md").read_text(encoding="utf-8")
     scores = json.loads((run_dir / "scores.test.json").read_text())
     assert f"Test BLEU {scores['bleu']:.2f}" in card and scores["bleu_signature"] in card
-    assert "200 updates" in card and f"files in {data}" in card
+    assert "400 updates" in card and f"files in {data}" in card
     assert theirs["snippet_lines"] == 5
     assert re.fullmatch(r"\['.+'\]\n", theirs["snippet_printed"])
     config = json.loads((folder / "config.json").read_text())

@@ -5,23 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from test_cli import train_one_update
+from console_commands import BIN, run_command, run_commands_together
 
 from transformer_mt.files import NotOursToReplace, replacing_folder
 
-BIN = Path(sys.executable).parent
 pytestmark = pytest.mark.slow
-
-
-def run(command: str, *args: str, stdin: bytes = b"") -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [str(BIN / command), *args], input=stdin, capture_output=True, timeout=300
-    )
 
 
 def snapshot(folder: Path) -> dict[str, str]:
@@ -33,10 +26,12 @@ def snapshot(folder: Path) -> dict[str, str]:
     }
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> Path:
+@pytest.fixture
+def trained(one_update_template, tmp_path_factory) -> Path:
+    """A folder apart from tmp_path that holds the test's own copy of a one-update run folder
+    (run/) and nothing else."""
     folder = tmp_path_factory.mktemp("trained")
-    train_one_update(folder)
+    shutil.copytree(one_update_template, folder / "run")
     return folder
 
 
@@ -49,19 +44,22 @@ def refused_one_line(result: subprocess.CompletedProcess, *fragments: str) -> st
     return stderr
 
 
-@pytest.mark.parametrize("output", [".", "..", "RUN", "RUN/checkpoints", "UNRELATED"])
 @pytest.mark.parametrize("export_format", ["ctranslate2", "transformers"])
-def test_an_export_never_replaces_a_folder_that_is_not_an_export(
-    trained, tmp_path, output, export_format
-):
+def test_an_export_never_replaces_a_folder_that_is_not_an_export(trained, tmp_path, export_format):
     run_dir = trained / "run"
     unrelated = tmp_path / "photos"
     unrelated.mkdir()
     (unrelated / "holiday.jpg").write_bytes(b"\xff\xd8 not ours")
-    output = output.replace("RUN", str(run_dir)).replace("UNRELATED", str(unrelated))
+    outputs = [".", "..", run_dir, run_dir / "checkpoints", unrelated]
     before, before_unrelated = snapshot(trained), snapshot(unrelated)
-    result = run("tmt-export", f"run_dir={run_dir}", f"output={output}", f"format={export_format}")
-    refused_one_line(result, "is not a model folder written by tmt-export", "left as it is")
+    results = run_commands_together(
+        [
+            ["tmt-export", f"run_dir={run_dir}", f"output={output}", f"format={export_format}"]
+            for output in outputs
+        ]
+    )
+    for result in results:
+        refused_one_line(result, "is not a model folder written by tmt-export", "left as it is")
     assert snapshot(trained) == before
     assert snapshot(unrelated) == before_unrelated
 
@@ -69,7 +67,7 @@ def test_an_export_never_replaces_a_folder_that_is_not_an_export(
 def test_an_export_replaces_its_own_previous_export(trained, tmp_path):
     output = tmp_path / "ct2"
     for _ in range(2):  # the second replaces the first
-        result = run("tmt-export", f"run_dir={trained / 'run'}", f"output={output}")
+        result = run_command("tmt-export", f"run_dir={trained / 'run'}", f"output={output}")
         assert result.returncode == 0, result.stderr.decode()
     assert (output / "model.bin").is_file() and (output / "transformer_mt.json").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2"]  # nothing left beside it
@@ -103,17 +101,18 @@ def test_translate_refuses_an_output_that_is_its_input(trained, tmp_path):
         (f"input={source}", f"output={tmp_path / 'out.txt'}", f"attention={source}"),
         (f"input={source}", f"output={tmp_path / 'o.txt'}", f"attention={tmp_path / 'o.txt'}"),
     ]
-    for case in cases:
-        refused_one_line(run("tmt-translate", run_dir, *case), "is the same file as")
-        assert source.read_text(encoding="utf-8") == "the dog sees the cat .\n"
+    for result in run_commands_together([["tmt-translate", run_dir, *case] for case in cases]):
+        refused_one_line(result, "is the same file as")
+    assert source.read_text(encoding="utf-8") == "the dog sees the cat .\n"
     assert not (tmp_path / "out.txt").exists() and not (tmp_path / "o.txt").exists()
 
 
-@pytest.mark.parametrize("name", ["last.pt", "best.pt", "step_1.pt"])
-def test_average_refuses_the_names_of_training_checkpoints(trained, name):
+def test_average_refuses_the_names_of_training_checkpoints(trained):
     before = snapshot(trained)
-    result = run("tmt-average", f"run_dir={trained / 'run'}", "last=1", f"output={name}")
-    refused_one_line(result, "config key 'output'", "name of a training checkpoint")
+    names = ["last.pt", "best.pt", "step_1.pt"]
+    averaging = ["tmt-average", f"run_dir={trained / 'run'}", "last=1"]
+    for result in run_commands_together([[*averaging, f"output={name}"] for name in names]):
+        refused_one_line(result, "config key 'output'", "name of a training checkpoint")
     assert snapshot(trained) == before
 
 
@@ -141,13 +140,14 @@ def test_average_replaces_only_an_average_it_wrote(trained, tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("mine\n")
     before, before_mine = snapshot(trained), snapshot(tmp_path)
-    for output in (run_dir / "config.yaml", run_dir, copy, notes):
-        result = run("tmt-average", f"run_dir={run_dir}", "last=1", f"output={output}")
+    outputs = (run_dir / "config.yaml", run_dir, copy, notes)
+    averaging = ["tmt-average", f"run_dir={run_dir}", "last=1"]
+    for result in run_commands_together([[*averaging, f"output={output}"] for output in outputs]):
         refused_one_line(
             result, "config key 'output'", "is not an average written by tmt-average", "left as it"
         )
     assert snapshot(trained) == before and snapshot(tmp_path) == before_mine
     average = tmp_path / "average.pt"
     for _ in range(2):  # the second replaces the first
-        result = run("tmt-average", f"run_dir={run_dir}", "last=1", f"output={average}")
+        result = run_command("tmt-average", f"run_dir={run_dir}", "last=1", f"output={average}")
         assert result.returncode == 0, result.stderr.decode()

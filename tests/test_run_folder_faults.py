@@ -7,13 +7,14 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from test_cli import train_one_update
+from console_commands import run_commands_together
 from toy_runs import trainer_for
 
 from transformer_mt.commands.train import train
@@ -26,20 +27,20 @@ BIN = Path(sys.executable).parent
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("text", ["data: [x\n", "", "just a string\n"])
-def test_an_unreadable_config_yaml_is_one_line_naming_it(tmp_path, text):
-    train_one_update(tmp_path)
-    (tmp_path / "run" / "config.yaml").write_text(text)
-    result = subprocess.run(
-        [str(BIN / "tmt-translate"), f"run_dir={tmp_path / 'run'}"],
-        input=b"the dog .\n",
-        capture_output=True,
-        timeout=120,
+def test_an_unreadable_config_yaml_is_one_line_naming_it(tmp_path, one_update_template):
+    configs = []
+    for number, text in enumerate(["data: [x\n", "", "just a string\n"]):
+        run_dir = shutil.copytree(one_update_template, tmp_path / str(number) / "run")
+        (run_dir / "config.yaml").write_text(text)
+        configs.append(run_dir / "config.yaml")
+    results = run_commands_together(
+        [["tmt-translate", f"run_dir={config.parent}"] for config in configs]
     )
-    stderr = result.stderr.decode()
-    assert result.returncode == 2, stderr
-    assert "Traceback" not in stderr
-    assert f"{tmp_path / 'run' / 'config.yaml'} is unreadable" in stderr
+    for config, result in zip(configs, results, strict=True):
+        stderr = result.stderr.decode()
+        assert result.returncode == 2, stderr
+        assert "Traceback" not in stderr
+        assert f"{config} is unreadable" in stderr
 
 
 APPEND_UNDER_A_FILE_SIZE_LIMIT = """

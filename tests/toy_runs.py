@@ -74,6 +74,26 @@ LEARNING = [
 ]
 
 
+def train_one_update(folder: Path) -> Path:
+    """A run folder, folder/run, with a one-update tiny model (enough to translate with)."""
+    from transformer_mt.commands.train import train
+    from transformer_mt.config import compose_job
+
+    overrides = [
+        "data=toy",
+        "data.toy_sizes=[300,20,20]",
+        "data.vocab_size=400",
+        "model=tiny",
+        "trainer.max_steps=1",
+        "trainer.batch_tokens=1000",
+        "trainer.progress_bar=false",
+        "trainer.loader_workers=0",
+        f"run_dir={folder / 'run'}",
+        f"data.prepared_dir={folder / 'p'}",
+    ]
+    return train(compose_job("train", overrides)).parents[1]
+
+
 def learned_toy_run(folder: Path, *extra: str, steps: int = 2000) -> Path:
     """A run folder whose tiny model translates short toy sentences (its test split: 100) at
     about 25 BLEU (2 minutes on 2 busy CPU cores; 400 updates give 5)."""

@@ -115,7 +115,9 @@ def make_run(folder, tokenizer, random_model, seeds) -> None:
     """A run folder as tmt-train leaves it, with random models' checkpoints step_<seed>.pt."""
     (folder / "checkpoints").mkdir(parents=True)
     shutil.copy(tokenizer, folder / "spm.model")
-    OmegaConf.save({"data": {"unicode_form": "NFC"}}, folder / "config.yaml")
+    # The toy corpus, small: eval translates its test split (20 sentences).
+    data = {"unicode_form": "NFC", "toy_sizes": [10, 10, 20]}
+    OmegaConf.save({"data": data}, folder / "config.yaml")
     for seed in seeds:
         model = random_model(VOCAB, seed, sharpen=1.0)
         state = {
@@ -189,7 +191,7 @@ def test_sampling_through_the_translator_with_an_ensemble(tmp_path, tokenizer_fi
     assert len(pair.translate(["the dog sees the cat.", ""])) == 2
 
 
-def one_update_run(folder, toy_seed: int):
+def one_update_run_of_seed(folder, toy_seed: int):
     """A run folder trained for one update by tmt-train on the toy corpus drawn with `toy_seed`
     (another seed: another tokenizer of the same size)."""
     from transformer_mt.commands.train import train
@@ -212,7 +214,7 @@ def one_update_run(folder, toy_seed: int):
 
 
 def test_a_checkpoint_of_another_tokenizer_of_the_same_size_is_refused_naming_both_files(
-    tmp_path,
+    tmp_path, one_update_run
 ):
     """A checkpoint copied out of another run translates garbage with this run's tokenizer,
     though the sizes agree: the tokenizer's sha256 recorded by tmt-train tells them apart, alone
@@ -220,7 +222,7 @@ def test_a_checkpoint_of_another_tokenizer_of_the_same_size_is_refused_naming_bo
     it did (sizes compared)."""
     from transformer_mt.data.tokenizer import load_tokenizers, vocabulary
 
-    run, other = one_update_run(tmp_path / "a", 1), one_update_run(tmp_path / "b", 2)
+    run, other = one_update_run, one_update_run_of_seed(tmp_path / "b", 2)  # toy seeds 1 and 2
     ours, theirs = load_tokenizers(run).src, load_tokenizers(other).src
     assert ours.vocab_size == theirs.vocab_size and vocabulary(ours) != vocabulary(theirs)
     state = torch.load(other / "checkpoints" / "last.pt", weights_only=True)

@@ -142,16 +142,9 @@ def test_the_policy_keeps_a_fixed_shape_on_cuda_and_shrinks_elsewhere():
     assert fixed("cpu", BatchShape.fixed) and not fixed("cuda", BatchShape.shrinking)
 
 
-@pytest.fixture(scope="module")
-def learned_run(tmp_path_factory):
-    from toy_runs import learned_toy_run
-
-    return learned_toy_run(tmp_path_factory.mktemp("learned"), steps=400)
-
-
 @pytest.mark.slow
 def test_on_the_cpu_the_translator_runs_todays_search_and_fixed_finds_its_tokens(learned_run):
-    """1,000 Multi30k-like sentences (toy sentences of 3 to 15 words) with a trained toy model
+    """500 Multi30k-like sentences (toy sentences of 3 to 15 words) with a trained toy model
     (400 updates: it ends its outputs at varied lengths): on the CPU the Translator's beam
     search is today's shrinking one, bit for bit (tokens and scores), and the fixed-shape search,
     as CUDA runs it (decode.batch_shape=fixed), finds the same tokens."""
@@ -159,7 +152,7 @@ def test_on_the_cpu_the_translator_runs_todays_search_and_fixed_finds_its_tokens
     from transformer_mt.decode.loading import load_translator
 
     translator = load_translator(learned_run, decode=DecodeConfig(), device="cpu")
-    pairs = toy_pairs(1000, seed=11, min_words=3, max_words=15)
+    pairs = toy_pairs(500, seed=11, min_words=3, max_words=15)
     ids = translator.encode([source for source, _ in pairs])
     default = translator.nbest_ids(ids)
     shrinking = translator.nbest_ids(ids, DecodeConfig(batch_shape=BatchShape.shrinking))

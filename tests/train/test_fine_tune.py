@@ -36,21 +36,13 @@ def first_logged_loss(run_dir) -> float:
 
 @pytest.mark.slow
 def test_fine_tuning_starts_from_the_parent_and_beats_it_and_a_model_from_scratch(
-    tiny_train_job, tmp_path
+    tiny_train_job, tmp_path, learned_run
 ):
-    old_data = write_toy_files(tmp_path / "old", seed=1, sizes=(3000, 40, 60), words=(3, 8))
+    # The parent: the session's learned toy run (short sentences of 3 to 8 words, 400 updates).
     # The new corpus: other sentences (another seed), other sizes, longer sentences.
     new_data = write_toy_files(tmp_path / "new", seed=2, sizes=(2000, 40, 60), words=(5, 11))
-    parent_run = tmp_path / "parent"
-    parent_last = train(
-        tiny_train_job(
-            "trainer.max_steps=400",
-            f"run_dir={parent_run}",
-            f"data.dir={old_data}",
-            *LEARNING,
-            *QUICK,
-        )
-    )
+    parent_run = learned_run
+    parent_last = parent_run / "checkpoints" / "last.pt"
     updates = 150
     child_run, scratch_run = tmp_path / "child", tmp_path / "scratch"
     new = [f"trainer.max_steps={updates}", f"data.dir={new_data}", *LEARNING, *QUICK]
@@ -78,9 +70,9 @@ def test_fine_tuning_starts_from_the_parent_and_beats_it_and_a_model_from_scratc
     probe_job = dataclasses.replace(child_job, run_dir=str(tmp_path / "probe"))
     probe = trainer_for(probe_job, data)
     probe.metrics.close()
-    updates = probe.batches.updates()
-    batches, _ = next(updates)  # the first update's micro-batches, all ranks' tokens
-    updates.close()
+    probe_updates = probe.batches.updates()
+    batches, _ = next(probe_updates)  # the first update's micro-batches, all ranks' tokens
+    probe_updates.close()
     parent_state = torch.load(parent_last, weights_only=True)
     parent = model_from_checkpoint(parent_state, parent_last, RunDir(parent_run).tokenizers())
     parent.eval()
@@ -119,11 +111,9 @@ def test_data_spm_model_encodes_with_a_given_tokenizer(tiny_train_job, tmp_path)
 
 
 def test_a_tokenizer_that_does_not_fit_the_parent_is_refused_with_both_sizes(
-    tiny_train_job, tmp_path
+    tiny_train_job, tmp_path, learned_run
 ):
-    parent_run = train(
-        tiny_train_job("trainer.max_steps=1", f"run_dir={tmp_path / 'parent'}", *QUICK)
-    ).parents[1]
+    parent_run = learned_run  # a tokenizer of 400 pieces
     sentences = [s for pair in toy_pairs(400, seed=3) for s in pair]
     train_tokenizer(sentences, tmp_path / "other.model", vocab_size=500)
     child = tiny_train_job(
