@@ -41,9 +41,9 @@ Without a trained model (what `make gpu-check` runs, benchmarks/gpu_check.py):
 
 times the same beam search on generated sentences of WMT14 length (benchmarks/bench_train.py's
 generator) with a random-weight model of the --model preset: ours in float32 (TF32 matmuls on a
-GPU), under bf16 autocast on a GPU (decode.precision=bf16) and with int8 weights on the CPU
-(decode.quantize=int8 and int8_batch), against CTranslate2 float32 and float16 (int8 on the CPU),
-all in one process, each after a warm-up, through the same Translator batches. Random weights
+GPU), under bf16 autocast (decode.precision=bf16, on the CPU too) and with int8 weights on the
+CPU (decode.quantize=int8 and int8_batch), against CTranslate2 float32 and float16 (int8 on the
+CPU), all in one process, each after a warm-up, through the same Translator batches. Random weights
 rarely choose EOS, so nearly every hypothesis runs to its length limit (source + 50): the
 search's worst case, and the same number of steps for both; no BLEU.
 """
@@ -370,10 +370,10 @@ def benchmark_generated(args, folder: Path) -> None:
     fp32 = dataclasses.replace(PAPER, precision=Precision.fp32)  # auto: bf16 on CUDA
     ours = Translator(ModelSearch(model, device), tokenizers, fp32)
     systems = {"(a) ours, float32": ours.translate_ids}  # with TF32 matmuls on CUDA
-    if device.type == "cuda":
-        bf16 = dataclasses.replace(PAPER, precision=Precision.bf16)
-        systems["(a) ours, bf16 autocast"] = lambda ids: ours.translate_ids(ids, bf16)
-    else:
+    # bf16 on the CPU too: CPUs with AVX512-BF16 or AMX multiply it natively.
+    bf16 = dataclasses.replace(PAPER, precision=Precision.bf16)
+    systems["(a) ours, bf16 autocast"] = lambda ids: ours.translate_ids(ids, bf16)
+    if device.type != "cuda":
         for quantize in (CpuLinear.int8, CpuLinear.int8_batch):
             int8 = dataclasses.replace(fp32, quantize=quantize)
             search = ModelSearch(model, device, quantize=quantize)

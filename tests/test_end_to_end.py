@@ -20,7 +20,9 @@ from transformer_mt.errors import CheckpointError, ConfigError
 @pytest.mark.slow
 def test_train_checkpoint_translate_bleu(tiny_train_job, tmp_path):
     # Its duration is printed by `make test` (pytest --durations); no timing assertion here.
-    job = tiny_train_job()
+    job = tiny_train_job(
+        "trainer.max_steps=100", "trainer.valid_every=50", "trainer.checkpoint_every=50"
+    )
     checkpoint = train(job)
     assert checkpoint.is_file()
     run_dir = checkpoint.parents[1]
