@@ -425,12 +425,13 @@ def test_ranks_wait_for_a_preparation_longer_than_the_rank_timeout(same_batches,
         *same_batches,
         f"data.prepared_dir={tmp_path / 'fresh'}",
         "trainer.max_steps=2",
-        "trainer.rank_timeout_minutes=0.3",
+        "trainer.rank_timeout_minutes=0.15",
         f"run_dir={tmp_path / 'run'}",
     ]
-    # 30 s of preparation against an 18 s timeout, which every other wait of this tiny run stays
-    # far below even on a loaded machine.
-    run_two_ranks(overrides, {"prepare_delay": 30.0}, {})
+    # 13 s of preparation against a 9 s timeout, which every other wait of this tiny run (the
+    # ranks' start, a checkpoint, the final validation: a second or two) stays below even on a
+    # loaded machine.
+    run_two_ranks(overrides, {"prepare_delay": 0.15 * 60 + 4}, {})
     assert stopped_at(tmp_path / "run")[1].startswith("2 reached trainer.max_steps=2")
 
 
