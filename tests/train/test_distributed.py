@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from toy_runs import TINY_TRAIN
 
 from transformer_mt.checkpoint import CheckpointFolder, load_checkpoint
 from transformer_mt.commands.train import train
@@ -53,12 +54,14 @@ def torchrun(nproc: int, overrides: list[str]) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.fixture
-def same_batches(tmp_path, tiny_overrides):
+@pytest.fixture(scope="module")
+def same_batches(tmp_path_factory):
     """Overrides under which 1 rank accumulating 4 micro-batches and 2 ranks accumulating 2 see
-    the same micro-batches: an even batch count, and a global batch of 4 full micro-batches."""
+    the same micro-batches: an even batch count, and a global batch of 4 full micro-batches.
+    The corpus is prepared once for the module's tests."""
+    tmp_path = tmp_path_factory.mktemp("same_batches")
     base = [
-        *tiny_overrides,
+        *TINY_TRAIN,
         f"data.prepared_dir={tmp_path / 'prepared'}",
         "model.dropout=0",  # ranks draw other dropout masks than one process would
         "trainer.num_threads=1",
@@ -363,10 +366,15 @@ def test_ranks_with_skewed_clocks_stop_at_the_same_update(same_batches, tmp_path
     assert state["progress"]["best_score"] is not None
 
 
-def test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens_alone(
-    same_batches, tmp_path
-):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def agreeing_run(same_batches, tmp_path_factory) -> Path:
+    """Two torchrun ranks that agree on when to stop once every 4 updates, for 12 updates, each
+    counting its collectives (count_update_collectives): what
+    test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens_alone checks,
+    and the never-stopped run that the requeued Slurm job of
+    test_slurm_tasks_stop_together_on_a_signal_to_one_and_the_requeued_job_resumes_bitwise must
+    equal. No checkpoint inside the loop (a collective)."""
+    run_dir = tmp_path_factory.mktemp("agreeing") / "run"
     overrides = [
         *same_batches,
         "trainer.max_steps=12",
@@ -376,12 +384,18 @@ def test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens
         f"run_dir={run_dir}",
     ]
     run_two_ranks(overrides, {"count_collectives": True}, {"count_collectives": True})
+    return run_dir
+
+
+def test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens_alone(
+    agreeing_run,
+):
     for rank in range(2):
-        counts = json.loads((run_dir / f"rank{rank}.collectives").read_text())
+        counts = json.loads((agreeing_run / f"rank{rank}.collectives").read_text())
         assert counts["updates"] == 12
         assert counts["mismatches"] == []  # each update's tokens, known without asking
         assert counts["collectives"] <= 12 // 4, counts  # the agreements at updates 4, 8, 12
-    assert stopped_at(run_dir)[0] == "12 reached trainer.max_steps=12"
+    assert stopped_at(agreeing_run)[0] == "12 reached trainer.max_steps=12"
 
 
 def last_state(run_dir: Path) -> dict:
@@ -389,14 +403,14 @@ def last_state(run_dir: Path) -> dict:
 
 
 def test_slurm_tasks_stop_together_on_a_signal_to_one_and_the_requeued_job_resumes_bitwise(
-    same_batches, tmp_path
+    same_batches, agreeing_run, tmp_path
 ):
     """Two ranks from Slurm's variables alone (none of torchrun's), as srun starts the tasks of
     an sbatch script or of Hydra's submitit_slurm launcher. SIGUSR1, Slurm's signal ahead of the
     time limit (--signal=USR1@90), reaches rank 1 first: both stop at their next agreement with
     a checkpoint. The same command again (the requeued job) resumes bitwise: it ends as two
-    torchrun ranks that were never stopped."""
-    agreeing = [*same_batches, "trainer.agree_every=4", "trainer.max_steps=10"]
+    torchrun ranks that were never stopped (agreeing_run)."""
+    agreeing = [*same_batches, "trainer.agree_every=4", "trainer.max_steps=12"]
     run_dir, slurm = tmp_path / "run", {"slurm_job": slurm_job_with_a_free_port()}
     # SIGUSR1 to rank 1 only, after update 5: both go on to update 8, where they next agree.
     signalled = {**slurm, "sigterm_at": 5, "stop_signal": signal.SIGUSR1}
@@ -409,9 +423,8 @@ def test_slurm_tasks_stop_together_on_a_signal_to_one_and_the_requeued_job_resum
     assert RunDir(run_dir).history()[0]["world_size"] == 2  # one writer: rank 0's records
     # Requeued, the two ranks continue exactly as two that were never stopped.
     run_two_ranks([*agreeing, f"run_dir={run_dir}"], slurm, slurm)
-    run_two_ranks([*agreeing, f"run_dir={tmp_path / 'straight'}"], {}, {})
-    resumed, straight = last_state(run_dir), last_state(tmp_path / "straight")
-    assert resumed["step"] == straight["step"] == 10
+    resumed, straight = last_state(run_dir), last_state(agreeing_run)
+    assert resumed["step"] == straight["step"] == 12
     for name, tensor in straight["model"].items():
         assert torch.equal(resumed["model"][name], tensor), name
     for index, moments in straight["optimizer"]["state"].items():
