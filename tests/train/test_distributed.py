@@ -147,18 +147,35 @@ def test_two_ranks_under_torchrun_or_submitit_equal_one_process_accumulating_the
     assert len(list((tmp_path / "job" / "tensorboard").iterdir())) == 1
 
 
-def test_a_one_process_run_continues_on_two_ranks(same_batches, tmp_path):
+def test_a_one_process_run_continues_on_two_ranks_compiled_and_stops_compiling(
+    same_batches, tmp_path
+):
+    # The continuation with trainer.compile=true under DDP (a setting free to change on resume):
+    # the model and its loss compiled in each rank, gradients all-reduced through the compiled
+    # graph's hooks. The lengths are rounded up to multiples of 8 and the graphs are dynamic, so
+    # after the first update's graph no new one is made.
     run_dir = tmp_path / "run"
     train(compose_job("train", [*same_batches, "trainer.max_steps=3", f"run_dir={run_dir}"]))
-    result = torchrun(2, [*same_batches, "trainer.max_steps=5", f"run_dir={run_dir}"])
+    compiled = ["trainer.max_steps=10", "trainer.compile=true", f"run_dir={run_dir}"]
+    result = torchrun(2, [*same_batches, *compiled])
     assert "resuming with another layout" in result.stderr
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert state["step"] == 5 and state["scheduler"]["last_epoch"] == 5
+    assert state["step"] == 10 and state["scheduler"]["last_epoch"] == 10
     progress = state["progress"]
     assert progress["layout"][0] == 2
-    # 12 of the epoch's batches were used by one process; each rank now holds half the list.
+    # 12 of the epoch's batches were used by one process; each rank now holds half the list,
+    # and took 2 micro-batches in each of 7 updates.
     fraction = 12 / (2 * progress["batches_in_epoch"])
-    assert progress["batch_in_epoch"] == round(fraction * progress["batches_in_epoch"]) + 2 * 2
+    assert progress["batch_in_epoch"] == round(fraction * progress["batches_in_epoch"]) + 7 * 2
+    counts = [
+        line.split("torch.compile by update ")[1]
+        for line in result.stderr.splitlines()
+        if "torch.compile by update" in line
+    ]
+    assert counts, result.stderr[-3000:]
+    last_update = int(counts[-1].split(":")[0])
+    assert last_update <= 3 + 2, counts  # the counts stopped changing after its second update
+    assert "0 recompile(s)" in counts[-1], counts
     shutil.rmtree(run_dir / "tensorboard")
 
 
@@ -527,24 +544,3 @@ def test_the_first_failure_is_what_every_rank_reads_and_a_lost_store_leaves_each
     mine = distributed.first_failure(0, TransformerMTError("refused"))
     assert mine.line() == "rank 0 failed: refused"
     assert distributed.first_failure(0, broken) is None
-
-
-def test_two_ddp_processes_train_compiled_and_stop_compiling(same_batches, tmp_path):
-    # trainer.compile=true under DDP: the model and its loss compiled in each rank, gradients
-    # all-reduced through the compiled graph's hooks. The lengths are rounded up to multiples of
-    # 8 and the graphs are dynamic, so after the first update's graph no new one is made.
-    result = torchrun(
-        2,
-        [*same_batches, "trainer.max_steps=8", "trainer.compile=true", f"run_dir={tmp_path}/run"],
-    )
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
-    assert state["step"] == 8 and state["progress"]["layout"][0] == 2
-    counts = [
-        line.split("torch.compile by update ")[1]
-        for line in result.stderr.splitlines()
-        if "torch.compile by update" in line
-    ]
-    assert counts, result.stderr[-3000:]
-    last_update = int(counts[-1].split(":")[0])
-    assert last_update <= 2, counts  # the counts stopped changing after the second update
-    assert "0 recompile(s)" in counts[-1], counts
