@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
+from toy_runs import TINY_TRAIN
 
 from transformer_mt.checkpoint import CheckpointFolder, load_checkpoint
 from transformer_mt.commands.train import train
@@ -53,12 +54,14 @@ def torchrun(nproc: int, overrides: list[str]) -> subprocess.CompletedProcess:
     return result
 
 
-@pytest.fixture
-def same_batches(tmp_path, tiny_overrides):
+@pytest.fixture(scope="module")
+def same_batches(tmp_path_factory):
     """Overrides under which 1 rank accumulating 4 micro-batches and 2 ranks accumulating 2 see
-    the same micro-batches: an even batch count, and a global batch of 4 full micro-batches."""
+    the same micro-batches: an even batch count, and a global batch of 4 full micro-batches.
+    The corpus is prepared once for the module's tests."""
+    tmp_path = tmp_path_factory.mktemp("same_batches")
     base = [
-        *tiny_overrides,
+        *TINY_TRAIN,
         f"data.prepared_dir={tmp_path / 'prepared'}",
         "model.dropout=0",  # ranks draw other dropout masks than one process would
         "trainer.num_threads=1",
@@ -144,18 +147,35 @@ def test_two_ranks_under_torchrun_or_submitit_equal_one_process_accumulating_the
     assert len(list((tmp_path / "job" / "tensorboard").iterdir())) == 1
 
 
-def test_a_one_process_run_continues_on_two_ranks(same_batches, tmp_path):
+def test_a_one_process_run_continues_on_two_ranks_compiled_and_stops_compiling(
+    same_batches, tmp_path
+):
+    # The continuation with trainer.compile=true under DDP (a setting free to change on resume):
+    # the model and its loss compiled in each rank, gradients all-reduced through the compiled
+    # graph's hooks. The lengths are rounded up to multiples of 8 and the graphs are dynamic, so
+    # after the first update's graph no new one is made.
     run_dir = tmp_path / "run"
     train(compose_job("train", [*same_batches, "trainer.max_steps=3", f"run_dir={run_dir}"]))
-    result = torchrun(2, [*same_batches, "trainer.max_steps=5", f"run_dir={run_dir}"])
+    compiled = ["trainer.max_steps=10", "trainer.compile=true", f"run_dir={run_dir}"]
+    result = torchrun(2, [*same_batches, *compiled])
     assert "resuming with another layout" in result.stderr
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)
-    assert state["step"] == 5 and state["scheduler"]["last_epoch"] == 5
+    assert state["step"] == 10 and state["scheduler"]["last_epoch"] == 10
     progress = state["progress"]
     assert progress["layout"][0] == 2
-    # 12 of the epoch's batches were used by one process; each rank now holds half the list.
+    # 12 of the epoch's batches were used by one process; each rank now holds half the list,
+    # and took 2 micro-batches in each of 7 updates.
     fraction = 12 / (2 * progress["batches_in_epoch"])
-    assert progress["batch_in_epoch"] == round(fraction * progress["batches_in_epoch"]) + 2 * 2
+    assert progress["batch_in_epoch"] == round(fraction * progress["batches_in_epoch"]) + 7 * 2
+    counts = [
+        line.split("torch.compile by update ")[1]
+        for line in result.stderr.splitlines()
+        if "torch.compile by update" in line
+    ]
+    assert counts, result.stderr[-3000:]
+    last_update = int(counts[-1].split(":")[0])
+    assert last_update <= 3 + 2, counts  # the counts stopped changing after its second update
+    assert "0 recompile(s)" in counts[-1], counts
     shutil.rmtree(run_dir / "tensorboard")
 
 
@@ -363,10 +383,15 @@ def test_ranks_with_skewed_clocks_stop_at_the_same_update(same_batches, tmp_path
     assert state["progress"]["best_score"] is not None
 
 
-def test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens_alone(
-    same_batches, tmp_path
-):
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def agreeing_run(same_batches, tmp_path_factory) -> Path:
+    """Two torchrun ranks that agree on when to stop once every 4 updates, for 12 updates, each
+    counting its collectives (count_update_collectives): what
+    test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens_alone checks,
+    and the never-stopped run that the requeued Slurm job of
+    test_slurm_tasks_stop_together_on_a_signal_to_one_and_the_requeued_job_resumes_bitwise must
+    equal. No checkpoint inside the loop (a collective)."""
+    run_dir = tmp_path_factory.mktemp("agreeing") / "run"
     overrides = [
         *same_batches,
         "trainer.max_steps=12",
@@ -376,12 +401,18 @@ def test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens
         f"run_dir={run_dir}",
     ]
     run_two_ranks(overrides, {"count_collectives": True}, {"count_collectives": True})
+    return run_dir
+
+
+def test_ranks_agree_on_stopping_once_every_agree_every_updates_and_count_tokens_alone(
+    agreeing_run,
+):
     for rank in range(2):
-        counts = json.loads((run_dir / f"rank{rank}.collectives").read_text())
+        counts = json.loads((agreeing_run / f"rank{rank}.collectives").read_text())
         assert counts["updates"] == 12
         assert counts["mismatches"] == []  # each update's tokens, known without asking
         assert counts["collectives"] <= 12 // 4, counts  # the agreements at updates 4, 8, 12
-    assert stopped_at(run_dir)[0] == "12 reached trainer.max_steps=12"
+    assert stopped_at(agreeing_run)[0] == "12 reached trainer.max_steps=12"
 
 
 def last_state(run_dir: Path) -> dict:
@@ -389,14 +420,14 @@ def last_state(run_dir: Path) -> dict:
 
 
 def test_slurm_tasks_stop_together_on_a_signal_to_one_and_the_requeued_job_resumes_bitwise(
-    same_batches, tmp_path
+    same_batches, agreeing_run, tmp_path
 ):
     """Two ranks from Slurm's variables alone (none of torchrun's), as srun starts the tasks of
     an sbatch script or of Hydra's submitit_slurm launcher. SIGUSR1, Slurm's signal ahead of the
     time limit (--signal=USR1@90), reaches rank 1 first: both stop at their next agreement with
     a checkpoint. The same command again (the requeued job) resumes bitwise: it ends as two
-    torchrun ranks that were never stopped."""
-    agreeing = [*same_batches, "trainer.agree_every=4", "trainer.max_steps=10"]
+    torchrun ranks that were never stopped (agreeing_run)."""
+    agreeing = [*same_batches, "trainer.agree_every=4", "trainer.max_steps=12"]
     run_dir, slurm = tmp_path / "run", {"slurm_job": slurm_job_with_a_free_port()}
     # SIGUSR1 to rank 1 only, after update 5: both go on to update 8, where they next agree.
     signalled = {**slurm, "sigterm_at": 5, "stop_signal": signal.SIGUSR1}
@@ -409,9 +440,8 @@ def test_slurm_tasks_stop_together_on_a_signal_to_one_and_the_requeued_job_resum
     assert RunDir(run_dir).history()[0]["world_size"] == 2  # one writer: rank 0's records
     # Requeued, the two ranks continue exactly as two that were never stopped.
     run_two_ranks([*agreeing, f"run_dir={run_dir}"], slurm, slurm)
-    run_two_ranks([*agreeing, f"run_dir={tmp_path / 'straight'}"], {}, {})
-    resumed, straight = last_state(run_dir), last_state(tmp_path / "straight")
-    assert resumed["step"] == straight["step"] == 10
+    resumed, straight = last_state(run_dir), last_state(agreeing_run)
+    assert resumed["step"] == straight["step"] == 12
     for name, tensor in straight["model"].items():
         assert torch.equal(resumed["model"][name], tensor), name
     for index, moments in straight["optimizer"]["state"].items():
@@ -425,12 +455,13 @@ def test_ranks_wait_for_a_preparation_longer_than_the_rank_timeout(same_batches,
         *same_batches,
         f"data.prepared_dir={tmp_path / 'fresh'}",
         "trainer.max_steps=2",
-        "trainer.rank_timeout_minutes=0.3",
+        "trainer.rank_timeout_minutes=0.15",
         f"run_dir={tmp_path / 'run'}",
     ]
-    # 30 s of preparation against an 18 s timeout, which every other wait of this tiny run stays
-    # far below even on a loaded machine.
-    run_two_ranks(overrides, {"prepare_delay": 30.0}, {})
+    # 13 s of preparation against a 9 s timeout, which every other wait of this tiny run (the
+    # ranks' start, a checkpoint, the final validation: a second or two) stays below even on a
+    # loaded machine.
+    run_two_ranks(overrides, {"prepare_delay": 0.15 * 60 + 4}, {})
     assert stopped_at(tmp_path / "run")[1].startswith("2 reached trainer.max_steps=2")
 
 
@@ -513,24 +544,3 @@ def test_the_first_failure_is_what_every_rank_reads_and_a_lost_store_leaves_each
     mine = distributed.first_failure(0, TransformerMTError("refused"))
     assert mine.line() == "rank 0 failed: refused"
     assert distributed.first_failure(0, broken) is None
-
-
-def test_two_ddp_processes_train_compiled_and_stop_compiling(same_batches, tmp_path):
-    # trainer.compile=true under DDP: the model and its loss compiled in each rank, gradients
-    # all-reduced through the compiled graph's hooks. The lengths are rounded up to multiples of
-    # 8 and the graphs are dynamic, so after the first update's graph no new one is made.
-    result = torchrun(
-        2,
-        [*same_batches, "trainer.max_steps=8", "trainer.compile=true", f"run_dir={tmp_path}/run"],
-    )
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
-    assert state["step"] == 8 and state["progress"]["layout"][0] == 2
-    counts = [
-        line.split("torch.compile by update ")[1]
-        for line in result.stderr.splitlines()
-        if "torch.compile by update" in line
-    ]
-    assert counts, result.stderr[-3000:]
-    last_update = int(counts[-1].split(":")[0])
-    assert last_update <= 2, counts  # the counts stopped changing after the second update
-    assert "0 recompile(s)" in counts[-1], counts
