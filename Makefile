@@ -81,8 +81,8 @@ export: $(STAMP) ## write RUN's last.pt as a CTranslate2 model (RUN/checkpoints/
 export-hf: $(STAMP) ## write RUN's last.pt as a transformers MarianMTModel with a model card (RUN/checkpoints/transformers)
 	$(BIN)/tmt-export format=transformers run_dir=$(RUN) $(ARGS)
 
-test: $(STAMP) ## run the test suite
-	$(BIN)/pytest -q --durations=8 $(ARGS)
+test: $(STAMP) ## run the test suite (a process per core: ARGS="-n 0" runs it in one)
+	$(BIN)/pytest -q -n auto --dist loadgroup --durations=8 $(ARGS)
 
 bench: $(STAMP) ## training throughput: ours vs transformers' Marian (tokens/s, GFLOP/s, memory)
 	@$(BIN)/python -c "import transformers" 2>/dev/null || $(BIN)/pip install --quiet -e ".[hf]" >&2 || true

@@ -7,12 +7,19 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from toy_runs import TINY_TRAIN, learned_toy_run, train_one_update
 
 from transformer_mt.config import compose_job
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+# One intra-op thread in every test process and every command it starts: make test runs two
+# test processes (pytest-xdist), and torch processes of two threads each on two cores wait on
+# each other's spinning threads (a toy step 10x slower), where one thread each lose little on
+# tiny models. A test that asks for threads (trainer.num_threads) still gets them.
+os.environ["OMP_NUM_THREADS"] = "1"
+torch.set_num_threads(1)
 
 
 @pytest.fixture
@@ -28,6 +35,14 @@ def tiny_train_job(tmp_path):
 def tiny_overrides() -> list[str]:
     """TINY_TRAIN as command-line overrides (for runs through the CLI or torchrun)."""
     return list(TINY_TRAIN)
+
+
+def pytest_collection_modifyitems(items):
+    """The tests that read learned_run run in one process of make test's (pytest-xdist's
+    --dist loadgroup), which trains it once."""
+    for item in items:
+        if "learned_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("learned_run"))
 
 
 @pytest.fixture(scope="session")

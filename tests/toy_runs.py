@@ -32,7 +32,7 @@ TINY_TRAIN = [
     "trainer.checkpoint_min_seconds=0",  # toy updates are fast: every checkpoint_every is written
     "trainer.log_every=20",
     "trainer.progress_bar=false",
-    "trainer.num_threads=2",
+    "trainer.num_threads=1",  # conftest.py: one thread a test process
     "trainer.loader_workers=0",
 ]
 
