@@ -37,6 +37,7 @@ def tiny_overrides() -> list[str]:
     return list(TINY_TRAIN)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items):
     """The tests that read learned_run run in one process of make test's (pytest-xdist's
     --dist loadgroup), which trains it once."""
