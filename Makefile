@@ -82,7 +82,7 @@ export-hf: $(STAMP) ## write RUN's last.pt as a transformers MarianMTModel with 
 	$(BIN)/tmt-export format=transformers run_dir=$(RUN) $(ARGS)
 
 test: $(STAMP) ## run the test suite (a process per core: ARGS="-n 0" runs it in one)
-	$(BIN)/pytest -q -n auto --dist loadgroup --durations=8 $(ARGS)
+	$(BIN)/pytest -q -n auto --durations=8 $(ARGS)
 
 bench: $(STAMP) ## training throughput: ours vs transformers' Marian (tokens/s, GFLOP/s, memory)
 	@$(BIN)/python -c "import transformers" 2>/dev/null || $(BIN)/pip install --quiet -e ".[hf]" >&2 || true

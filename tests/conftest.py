@@ -37,15 +37,6 @@ def tiny_overrides() -> list[str]:
     return list(TINY_TRAIN)
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items):
-    """The tests that read learned_run run in one process of make test's (pytest-xdist's
-    --dist loadgroup), which trains it once."""
-    for item in items:
-        if "learned_run" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("learned_run"))
-
-
 @pytest.fixture(scope="session")
 def learned_run(tmp_path_factory):
     """One run folder per test session whose tiny model has learned short toy sentences (400
