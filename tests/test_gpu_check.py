@@ -197,13 +197,12 @@ def test_the_prepared_run_is_two_commands_of_at_most_five_minutes_each(tmp_path)
 
 def start_rehearsal(folder: Path, group: str) -> subprocess.Popen:
     """`gpu_check.sh --rehearse-on-cpu --parts GROUP`, its report, log and output in `folder`.
-    One thread a process (OMP_NUM_THREADS: tmt-average's and tmt-eval's torch), so that two
-    rehearsals share two cores without waiting on each other's threads."""
+    One thread a process (conftest.py's OMP_NUM_THREADS, which tmt-average's and tmt-eval's torch
+    read), so that two rehearsals share two cores without waiting on each other's threads."""
     folder.mkdir()
     env = {
         **os.environ,
         "PYTHON": sys.executable,
-        "OMP_NUM_THREADS": "1",
         "GPU_CHECK_SITE": str(folder / "site"),
     }  # .whl/'s wheels, where it has some
     with open(folder / "output.txt", "w") as output:  # a file: a full pipe would stall it

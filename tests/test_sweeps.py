@@ -6,7 +6,6 @@ tests/train/test_launchers.py."""
 from __future__ import annotations
 
 import functools
-import os
 import signal
 import subprocess
 import sys
@@ -31,9 +30,10 @@ def tmt(command: str, *args: str, cwd: Path, stdin: str = "") -> subprocess.Comp
 
 
 def start_tmt(command: str, *args: str, cwd: Path) -> subprocess.Popen:
-    """tmt-COMMAND started, on one thread (it runs beside another command on two cores)."""
+    """tmt-COMMAND started, on one thread (conftest.py's OMP_NUM_THREADS: it runs beside another
+    command on two cores)."""
     return subprocess.Popen(
-        [str(BIN / command), *args], cwd=cwd, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [str(BIN / command), *args], cwd=cwd,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
 
