@@ -32,6 +32,40 @@ def test_the_trainer_scales_its_loss_in_fp16_and_pins_batches_for_cuda(
     assert (policy.scales_loss, policy.pins_memory) == (scales, pins)
 
 
+@pytest.mark.parametrize(("native", "auto"), [(True, torch.bfloat16), (False, None)])
+def test_precision_auto_is_bf16_on_a_cpu_that_multiplies_it_natively_and_fp32_elsewhere(
+    monkeypatch, native, auto
+):
+    """The detection injected: a CPU reported with native bf16 products, and one without."""
+    monkeypatch.setattr(execution, "cpu_multiplies_bf16", lambda: native)
+    for config in (TrainerConfig(), TrainerConfig(precision=Precision.auto)):
+        assert ExecutionPolicy.for_training(config, CPU).dtype == auto
+    assert ExecutionPolicy.for_decoding(DecodeConfig(), CPU).dtype == auto
+    # fp32 forces fp32 back; int8 weights compute in fp32; CUDA's auto is bf16 on any host.
+    assert ExecutionPolicy.for_training(TrainerConfig(precision=Precision.fp32), CPU).dtype is None
+    assert ExecutionPolicy.for_decoding(DecodeConfig(precision=Precision.fp32), CPU).dtype is None
+    assert ExecutionPolicy.for_decoding(DecodeConfig(quantize=CpuLinear.int8), CPU).dtype is None
+    assert ExecutionPolicy.for_training(TrainerConfig(), CUDA).dtype == torch.bfloat16
+
+
+def test_the_cpus_bf16_products_are_asked_of_the_instructions_not_of_onednns_emulation(
+    monkeypatch, caplog
+):
+    """On x86, oneDNN's bf16 check is True on any AVX512-BW CPU, where it emulates bf16 products
+    slower than fp32: the detection asks for AVX512-BF16 itself, once, and logs its answer."""
+    monkeypatch.setattr(execution.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    for native, said in ((False, "lacks AVX512-BF16"), (True, "has AVX512-BF16")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
+        execution.cpu_multiplies_bf16.cache_clear()
+        with caplog.at_level("INFO", logger="transformer_mt.execution"):
+            assert execution.cpu_multiplies_bf16() is native
+            assert execution.cpu_multiplies_bf16() is native
+        assert caplog.text.count(said) == 1, caplog.text
+        caplog.clear()
+    execution.cpu_multiplies_bf16.cache_clear()
+
+
 @pytest.mark.parametrize("quantize", [CpuLinear.int8, CpuLinear.int8_batch])
 def test_a_search_policy_multiplies_by_int8_on_the_cpu_only(quantize):
     """decode.quantize is the search's CPU products, decided with the rest of its policy; on a

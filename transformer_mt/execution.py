@@ -54,9 +54,11 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import itertools
 import logging
 import os
+import platform
 import shutil
 import sysconfig
 from collections.abc import Callable, Iterator
@@ -221,7 +223,9 @@ class ExecutionPolicy:
                 f"on {device} (PyTorch's int8 kernels are CPU ones); on a GPU "
                 "decode.precision=auto (bf16) is the fast setting"
             )
-        dtype = autocast_dtype(device, decode.precision)
+        # int8 weights compute in fp32 (decode.precision=bf16 with them is refused by its check)
+        quantized = decode.quantize != CpuLinear.none
+        dtype = None if quantized else autocast_dtype(device, decode.precision)
         products = CpuLinear.torch
         if device.type == "cpu" and dtype is None:
             if decode.quantize != CpuLinear.none:
@@ -315,6 +319,11 @@ class ExecutionPolicy:
             compile_backend=self.compile_backend,
         )
 
+    @property
+    def precision(self) -> str:
+        """What the model computes in: fp32, bf16 or fp16."""
+        return "fp32" if self.dtype is None else str(self.dtype).removeprefix("torch.")
+
     def describe(self) -> str:
         """One line for the log: what this policy runs."""
         attention = (
@@ -322,7 +331,7 @@ class ExecutionPolicy:
             if self.attention is None
             else ",".join(a.value for a in self.attention)
         )
-        precision = "fp32" if self.dtype is None else str(self.dtype).removeprefix("torch.")
+        precision = self.precision
         sources = "one source length" if self.equal_source_lengths else "similar source lengths"
         return (
             f"{self.device}, {precision}, attention [{attention}], "
@@ -345,13 +354,38 @@ def decode_batch_tokens(device: torch.device) -> int:
 
 def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
     """What autocast computes in for trainer.precision or decode.precision on `device`, for
-    training and decoding alike: bf16 on CUDA by default, fp16 when asked for; None (fp32)
-    elsewhere unless bf16 is asked for. The one place where precision=auto is decided."""
+    training and decoding alike: fp16 or bf16 when asked for; by default (auto) bf16 on CUDA and
+    on a CPU that multiplies bf16 natively (`cpu_multiplies_bf16`), None (fp32) elsewhere. The
+    one place where precision=auto is decided."""
     if precision == Precision.fp16:
         return torch.float16
-    if precision == Precision.bf16 or (precision == Precision.auto and device.type == "cuda"):
+    if precision == Precision.bf16:
+        return torch.bfloat16
+    if precision == Precision.auto and (
+        device.type == "cuda" or (device.type == "cpu" and cpu_multiplies_bf16())
+    ):
         return torch.bfloat16
     return None
+
+
+@functools.cache
+def cpu_multiplies_bf16() -> bool:
+    """Whether this CPU multiplies bf16 in hardware, decided once a process and logged with its
+    reason: AVX512-BF16 on x86 (AMX-BF16 CPUs have it too), the BF16 extension on Arm (torch's
+    oneDNN check, which there asks for it). Not that oneDNN check on x86: it is True on any
+    AVX512-BW CPU, where oneDNN emulates bf16 products, slower than fp32 ones."""
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        native, instructions = torch.cpu._is_avx512_bf16_supported(), "AVX512-BF16"
+    elif machine in ("aarch64", "arm64"):
+        native, instructions = torch.ops.mkldnn._is_mkldnn_bf16_supported(), "Arm's BF16"
+    else:
+        native, instructions = False, "native bf16 products"
+    if native:
+        log.info("this CPU has %s: precision=auto computes in bf16 on it", instructions)
+    else:
+        log.info("this CPU lacks %s: precision=auto computes in fp32 on it", instructions)
+    return native
 
 
 def attention_order(

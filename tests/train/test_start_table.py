@@ -21,8 +21,14 @@ from transformer_mt.data.tokenizer import SHARED_FILE, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.errors import CheckpointError, ConfigError, DataError
 from transformer_mt.run_dir import RunDir
-from transformer_mt.train.start import StartKind, plan_start, use_parent_tokenizer
+from transformer_mt.train.start import (
+    PRECISION_COMPUTED,
+    StartKind,
+    plan_start,
+    use_parent_tokenizer,
+)
 
+PLANNED_IN = "fp32"  # the precision every row's command would compute in
 PREPARED = "toy-aaaa"  # the prepared folder's name this configuration would build
 OTHER_DATA = "toy-bbbb"
 
@@ -135,6 +141,14 @@ def trained_with(*overrides: str) -> Callable[[Folders], None]:
         folders.checkpoint("run/checkpoints/step_200.pt", 200, *overrides)
 
     return build
+
+
+def trained_in_bf16(folders: Folders) -> None:
+    """A run whose checkpoint says it trained in bf16 (trainer.precision=auto on a GPU, or on a
+    CPU that multiplies bf16 natively); each row plans in fp32, as auto gives elsewhere."""
+    folders.started_with()
+    folders.prepared_as(PREPARED)
+    folders.checkpoint("run/checkpoints/step_200.pt", 200, precision="bf16")
 
 
 def prepared_on_other_data(folders: Folders) -> None:
@@ -279,6 +293,31 @@ ROWS = [
             forced=["model.dropout", "optim.label_smoothing"],
         ),
         id="resume: training changes with trainer.resume=force are forced",
+    ),
+    pytest.param(
+        trained_in_bf16,
+        [],
+        Refused(
+            ConfigError,
+            (
+                'trainer.precision (what the updates computed in): "bf16" → "fp32"',
+                "trainer.precision=bf16 to go on in what it trained in",
+                "trainer.resume=force",
+            ),
+        ),
+        id="refused: the precision auto gives here is not what the checkpoint trained in",
+    ),
+    pytest.param(
+        trained_in_bf16,
+        ["trainer.resume=force"],
+        Started(
+            StartKind.resume,
+            200,
+            STEP_200,
+            changed=["trainer.resume"],
+            forced=[PRECISION_COMPUTED],
+        ),
+        id="resume: another precision with trainer.resume=force is forced",
     ),
     pytest.param(
         trained_200,
@@ -428,11 +467,11 @@ def test_plan_start(folder, overrides, expected, tiny_train_job, tmp_path):
     prepared = tmp_path / "prepared" / PREPARED
     if isinstance(expected, Refused):
         with pytest.raises(expected.error) as refusal:
-            plan_start(cfg, folders.run, prepared)
+            plan_start(cfg, folders.run, prepared, PLANNED_IN)
         for fragment in expected.fragments:
             assert fragment in str(refusal.value)
         return
-    start = plan_start(cfg, folders.run, prepared)
+    start = plan_start(cfg, folders.run, prepared, PLANNED_IN)
     assert start.kind == expected.kind
     assert start.step == expected.step
     assert start.path == (None if expected.path is None else tmp_path / expected.path)

@@ -69,6 +69,9 @@ class CheckpointRecord:
     spm.src.model and spm.tgt.model: each piece with its score and kind), where two tokenizers
     of one size differ. None: not known (a run whose data is not prepared, or a checkpoint
     written before it was recorded)."""
+    precision: str | None = None
+    """What the run computed in (the execution policy's: fp32, bf16 or fp16), which a resume
+    keeps (train/start.py); None: not recorded (an average, or a checkpoint written before)."""
 
     @classmethod
     def of_run(
@@ -102,6 +105,7 @@ class CheckpointRecord:
             step=int(state["step"]),
             progress=Progress.from_state(state["progress"]) if state.get("progress") else None,
             tokenizer_sha256=tuple(hashes) if (hashes := state.get("tokenizer_sha256")) else None,
+            precision=state.get("precision"),
         )
 
     def as_state(self) -> dict:
@@ -116,6 +120,7 @@ class CheckpointRecord:
             "tokenizer_sha256": None
             if self.tokenizer_sha256 is None
             else list(self.tokenizer_sha256),
+            **({} if self.precision is None else {"precision": self.precision}),
         }
 
     def with_progress(self, progress: Progress) -> CheckpointRecord:

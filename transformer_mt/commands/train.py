@@ -67,7 +67,7 @@ def train_ranks(
         cfg.data.dir = str(Path(cfg.data.dir).resolve())
     use_parent_tokenizer(cfg)
     # Every check before the first write: a refused command leaves the run folder as it was.
-    start = agreed_start(cfg, run, ranks)
+    start = agreed_start(cfg, run, ranks, policy.precision)
     if not ranks.is_main:
         logging.getLogger("transformer_mt").setLevel(logging.WARNING)
         return train_started(cfg, run, start, ranks, policy, overrides)
@@ -82,14 +82,14 @@ def train_ranks(
         return train_started(cfg, run, start, ranks, policy, overrides)
 
 
-def agreed_start(cfg: TrainJob, run: RunDir, ranks: Ranks) -> Start:
+def agreed_start(cfg: TrainJob, run: RunDir, ranks: Ranks, precision: str) -> Start:
     """This rank's start (train/start.plan_start), once every rank has planned the same one: the
     same prepared folder (another corpus or setting on one node would make the others wait for
     a folder that never appears) and the same checkpoint (a stale listing on one node must not
     resume another step). Every rank raises when one refuses or when they differ."""
     folder, start, refusal = prepared_folder(cfg.data), None, None
     try:
-        start = plan_start(cfg, run, folder)
+        start = plan_start(cfg, run, folder, precision)
     except TransformerMTError as error:
         refusal = error
     resumed = f"{start.path} (update {start.step})" if start and start.path else "none"

@@ -74,6 +74,9 @@ STEERING_KEYS = frozenset(
     }
 )
 STEERING_PREFIXES = ("decode.",)
+PRECISION_COMPUTED = "trainer.precision (what the updates computed in)"
+"""The Difference a resume reports where the precision the run trained in, recorded in its
+checkpoint, is not what this command's trainer.precision gives on its device."""
 
 
 class StartKind(str, Enum):
@@ -198,9 +201,11 @@ def parent_checkpoint(init_from: Path) -> Path:
     return init_from
 
 
-def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
+def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path, precision: str) -> Start:
     """How this command starts; CheckpointError / ConfigError / DataError when it must not. Reads,
-    never writes: every check of the checkpoint is made here, before anything is written."""
+    never writes: every check of the checkpoint is made here, before anything is written.
+    precision: what this command would compute in (the execution policy's), which a resume
+    compares with what the checkpoint was trained in."""
     saved = run.saved_config()
     changed = []
     if saved is not None:
@@ -212,12 +217,22 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path) -> Start:
         check_fits(Purpose.resume, ours, found.record, found.path)
         found.training_state()  # an average has none: refused here, by name
         training = [d for d in changed if not d.steering]
+        trained_in = found.record.precision
+        if trained_in is not None and trained_in != precision:  # trainer.precision=auto on
+            # another machine or device: what is trained changes, though no setting did
+            training.append(Difference(PRECISION_COMPUTED, trained_in, precision))
         if training and cfg.trainer.resume != ResumeMode.force:
+            keep = (
+                f"trainer.precision={trained_in} to go on in what it trained in, "
+                if trained_in not in (None, precision)
+                else ""
+            )
             raise ConfigError(
                 f"{run} was started with other settings, which change what is being trained:\n"
                 + "".join(f"  {d}\n" for d in training)
-                + "Use a new run_dir, or trainer.resume=force to continue this run with the new "
-                "settings (recorded in history.jsonl)"
+                + f"Use a new run_dir, {keep}or "
+                "trainer.resume=force to continue this run with the new settings (recorded in "
+                "history.jsonl)"
             )
         if cfg.trainer.init_from is not None:
             log.info("trainer.init_from serves a run's first start only: %s resumes", run)

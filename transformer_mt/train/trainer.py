@@ -13,6 +13,7 @@ How the device runs the model is the execution policy's (transformer_mt/executio
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import sys
 import time
@@ -72,6 +73,7 @@ class Trainer:
         self.ranks = ranks or Ranks()
         # What this run's checkpoints say of themselves (progress added when saved).
         record = CheckpointRecord.of_run(cfg.model, data.tokenizers, data.folder.name)
+        record = dataclasses.replace(record, precision=policy.precision)  # a resume keeps it
         self.model = record.build_model().to(self.device)
         # The model and its loss, with the policy's kernels and compiled layers, as a
         # micro-batch runs them (validation's loss runs it too); under DDP with several ranks.
