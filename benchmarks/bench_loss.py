@@ -35,7 +35,7 @@ from benchmarks.measure import (
     peak_rss_mib,
     report_header,
 )
-from transformer_mt.config import CpuLinear, TrainerConfig
+from transformer_mt.config import CpuLinear, Precision, TrainerConfig
 from transformer_mt.device import prepare_process
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.train.loss import label_smoothed_loss, projected_loss
@@ -63,7 +63,7 @@ def run(form: str, hidden, weight, target, args):
         sums = label_smoothed_loss(logits, target, epsilon=args.epsilon, pad_id=PAD)
     else:
         policy = ExecutionPolicy.for_training(
-            TrainerConfig(cpu_linear=CpuLinear(args.cpu_linear)), CPU
+            TrainerConfig(precision=Precision.fp32, cpu_linear=CpuLinear(args.cpu_linear)), CPU
         )
         with policy.forward():  # as the trainer calls it
             chunks = policy.loss_chunks(weight.shape[0])

@@ -10,6 +10,7 @@ import pytest
 import torch
 from toy_runs import TINY_TRAIN, learned_toy_run, train_one_update
 
+from transformer_mt import execution
 from transformer_mt.config import compose_job
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -20,6 +21,16 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 # tiny models. A test that asks for threads (trainer.num_threads) still gets them.
 os.environ["OMP_NUM_THREADS"] = "1"
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cpu_without_native_bf16():
+    """precision=auto means fp32 in every test process, on any machine: whether a CPU multiplies
+    bf16 natively (execution.cpu_multiplies_bf16) would otherwise change what the tests compute.
+    The tests of the detection and of auto's bf16 branch inject their own answer."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(execution, "cpu_multiplies_bf16", lambda: False)
+        yield
 
 
 @pytest.fixture

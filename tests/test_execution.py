@@ -13,6 +13,9 @@ from transformer_mt.config import CpuLinear, DecodeConfig, Precision, TrainerCon
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy
 
+# The detection itself, as imported before conftest's pin replaces it in the module.
+from transformer_mt.execution import cpu_multiplies_bf16 as detected_native_bf16
+
 CPU, CUDA, MPS = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
 
 
@@ -57,13 +60,13 @@ def test_the_cpus_bf16_products_are_asked_of_the_instructions_not_of_onednns_emu
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
     for native, said in ((False, "lacks AVX512-BF16"), (True, "has AVX512-BF16")):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
-        execution.cpu_multiplies_bf16.cache_clear()
+        detected_native_bf16.cache_clear()
         with caplog.at_level("INFO", logger="transformer_mt.execution"):
-            assert execution.cpu_multiplies_bf16() is native
-            assert execution.cpu_multiplies_bf16() is native
+            assert detected_native_bf16() is native
+            assert detected_native_bf16() is native
         assert caplog.text.count(said) == 1, caplog.text
         caplog.clear()
-    execution.cpu_multiplies_bf16.cache_clear()
+    detected_native_bf16.cache_clear()
 
 
 @pytest.mark.parametrize("quantize", [CpuLinear.int8, CpuLinear.int8_batch])
