@@ -6,9 +6,11 @@
 With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source length + 50) on
 --threads CPU threads, the same source sentences go through:
 
-  (a) ours: Translator (batched by length, KV cache, finished sentences leave the batch), with
-      the exact stopping rule (the default) and with CTranslate2's (decode.stop_early=true:
-      a sentence ends once 4 hypotheses have finished), which is the same work as (c); with
+  (a) ours: Translator (batched by length, KV cache, finished sentences leave the batch) in
+      fp32, with the exact stopping rule (the default) and with CTranslate2's
+      (decode.stop_early=true: a sentence ends once 4 hypotheses have finished), which is the
+      same work as (c); under bf16 autocast (decode.precision=bf16, what precision=auto
+      computes in on a CPU with native bf16 products: the report's header says which); with
       torch's F.linear in place of the default oneDNN prepacked weights (decode.cpu_linear=torch,
       CTranslate2's stopping rule); and with int8 weights (CTranslate2's stopping rule), beside
       (c) int8: decode.quantize=int8 (each row of a layer's input quantized from its own range,
@@ -79,23 +81,28 @@ from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 
 PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
+# Ours in fp32 by name (precision=auto is bf16 on a CPU that multiplies it natively), and in bf16
+# in a row of its own.
+PAPER_FP32 = dataclasses.replace(PAPER, precision=Precision.fp32)
 OURS = "(a) ours (Translator, KV cache)"
 OURS_EARLY = "(a) ours, CTranslate2's stopping"
+OURS_BF16 = "(a) ours bf16 autocast, CTranslate2's stopping"
 OURS_INT8 = "(a) ours int8, CTranslate2's stopping"
 OURS_TORCH = "(a) ours F.linear, CTranslate2's stopping"
 OURS_INT8_GLIBC = "(a) ours int8, glibc's default malloc"
 OURS_INT8_BATCH = "(a) ours int8_batch, CTranslate2's stopping"
-EARLY = dataclasses.replace(PAPER, stop_early=True)
+EARLY = dataclasses.replace(PAPER_FP32, stop_early=True)
 OURS_DECODE = {
-    OURS: PAPER,
+    OURS: PAPER_FP32,
     OURS_EARLY: EARLY,
+    OURS_BF16: dataclasses.replace(EARLY, precision=Precision.bf16),
     OURS_TORCH: dataclasses.replace(EARLY, cpu_linear=CpuLinear.torch),
     OURS_INT8: dataclasses.replace(EARLY, quantize=CpuLinear.int8),
     OURS_INT8_BATCH: dataclasses.replace(EARLY, quantize=CpuLinear.int8_batch),
     OURS_INT8_GLIBC: dataclasses.replace(EARLY, quantize=CpuLinear.int8),
 }
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
-GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)
+GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1, precision=Precision.fp32)
 
 
 def timed(translate: Callable[[list[str]], list[str]], sources: list[str]):
@@ -206,7 +213,7 @@ def benchmark(args, folder: Path) -> None:
     data = RunDir(run).data_config()
     pairs = split_pairs(data, args.sentences)
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
-    ours = load_translator(run, args.checkpoint, decode=PAPER, device="cpu")
+    ours = load_translator(run, args.checkpoint, decode=PAPER_FP32, device="cpu")
     ours_greedy = load_translator(run, args.checkpoint, decode=GREEDY, device="cpu")
     model = ours.backend.model
     export_model(model, ours.tokenizers, folder, unicode_form=data.unicode_form)
@@ -253,7 +260,7 @@ def report_reference(args, ours: Translator, sources, references) -> None:
     def reference(lines: list[str]) -> list[str]:
         sources = ours.truncate(ours.encode(lines))
         return ours.tokenizers.tgt.decode(
-            [reference_beam_search(ours.backend.model, s, PAPER) for s in sources]
+            [reference_beam_search(ours.backend.model, s, PAPER_FP32) for s in sources]
         )
 
     print(f"\nbeam search, the first {n} sentences (the reference is slow), one round each:")
@@ -286,6 +293,9 @@ def report_ratios(results: dict) -> None:
     print(
         f"\nsame stopping rule: ours' time / CTranslate2 float32's: {ratio(OURS_EARLY, fp32)} "
         f"(target <= 1.5: {verdict(early_fp32 <= 1.5)}); / int8's: {ratio(OURS_EARLY, int8)}"
+        f"\nours bf16 autocast, same stopping rule: time / ours float32's: "
+        f"{ratio(OURS_BF16, OURS_EARLY)}; / CTranslate2 float32's: {ratio(OURS_BF16, fp32)}; "
+        f"/ int8's: {ratio(OURS_BF16, int8)}"
         f"\nours float32 with oneDNN's prepacked weights (the default) / with torch's F.linear: "
         f"{ratio(OURS_EARLY, OURS_TORCH)}"
         f"\nours int8, same stopping rule: time / ours float32's: {ratio(OURS_INT8, OURS_EARLY)}"
@@ -318,6 +328,7 @@ def report_parity(ours: Translator, theirs: Translator, sources, references, bea
         f"{verdict(abs(delta) <= 0.1)})"
     )
     compared = [*itertools.product((OURS_EARLY, OURS), CT2_TYPES)]
+    compared += [(OURS_BF16, OURS_EARLY), (OURS_BF16, "(c) CTranslate2 float32")]
     compared += [(OURS_INT8, "(c) CTranslate2 int8"), (OURS_INT8, OURS_EARLY)]
     compared += [(OURS_INT8_BATCH, OURS_EARLY), (OURS_INT8_BATCH, OURS_INT8)]
     compared += [(OURS_INT8_GLIBC, OURS_INT8)]

@@ -40,7 +40,7 @@ from torch import nn
 
 from benchmarks.measure import kernel_milliseconds, report_header
 from transformer_mt import onednn
-from transformer_mt.config import INT8_PRODUCTS, CpuLinear, DecodeConfig
+from transformer_mt.config import INT8_PRODUCTS, CpuLinear, DecodeConfig, Precision
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.device import prepare_process
 from transformer_mt.int8 import Int8RowLinear, with_int8_batch_linears
@@ -165,7 +165,7 @@ def report_profile(run: str, int8: str | None, top: int) -> None:
     data = RunDir(run).data_config()
     path = Path(data.dir) / f"{data.test_split}.{data.src_lang}"
     sources = path.read_text(encoding="utf-8").splitlines()
-    decode = DecodeConfig(stop_early=True)
+    decode = DecodeConfig(stop_early=True, precision=Precision.fp32)  # as its report says
     if int8:
         decode = dataclasses.replace(decode, quantize=CpuLinear(int8))
     translator = load_translator(run, decode=decode, device="cpu")

@@ -41,6 +41,7 @@ from typing import TypeVar
 import torch
 
 from transformer_mt.device import describe_set_up
+from transformer_mt.execution import cpu_multiplies_bf16
 
 T = TypeVar("T")
 
@@ -242,7 +243,34 @@ def report_header(title: str, device: torch.device | None = None) -> list[str]:
         f"# date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
         f"# machine: {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs visible; "
         f"torch {torch.__version__}; load average at start {os.getloadavg()[0]:.2f}",
+        f"# {cpu_bf16_line()}",
     ]
     if device is not None:
         lines.append(f"# process set up as tmt-train's: {describe_set_up(device)}")
     return lines
+
+
+def cpu_bf16_line() -> str:
+    """What this CPU offers for bf16 products: its flags (Linux's /proc/cpuinfo), torch's checks,
+    and what precision=auto computes in on it (execution.cpu_multiplies_bf16)."""
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "bf16")  # bf16: Arm's extension
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            flags = next(
+                (
+                    line.split(":", 1)[1].split()
+                    for line in cpuinfo
+                    if line.startswith(("flags", "Features"))
+                ),
+                [],
+            )
+        shown = " ".join(flag for flag in wanted if flag in flags) or "none of " + ", ".join(wanted)
+    except OSError:
+        shown = "not readable here"
+    onednn = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    avx512_bf16 = torch.cpu._is_avx512_bf16_supported()
+    auto = "bf16" if cpu_multiplies_bf16() else "fp32"
+    return (
+        f"CPU flags: {shown}; torch: cpu._is_avx512_bf16_supported() {avx512_bf16}, "
+        f"mkldnn._is_mkldnn_bf16_supported() {onednn}; precision=auto computes in {auto} here"
+    )

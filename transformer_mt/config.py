@@ -392,7 +392,9 @@ class TrainerConfig:
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda, cuda:N (torchrun: each rank's own GPU)."""
     precision: Precision = Precision.auto
-    """auto (bf16 autocast on GPU, fp32 on CPU), fp32, bf16, or fp16 (with a gradient scaler)."""
+    """auto (bf16 autocast on a GPU and on a CPU that multiplies bf16 natively: AVX512-BF16 or
+    Arm's BF16; fp32 on other CPUs), fp32, bf16, or fp16 (with a gradient scaler). A resume keeps
+    what the run computed in, or reports the change (train/start.py)."""
     compile: str = "auto"
     """true: the model's repeated layers through torch.compile (regional compilation; padded
     lengths rounded up to a multiple of 8); false: eager; auto: off on every device until a
@@ -591,12 +593,13 @@ class DecodeConfig:
     order for the device; [default]: torch's own choice); a CTranslate2 export has its own. On
     the CPU the decoder's steps (one query row each) use none: model.attend_few_queries."""
     precision: Precision = Precision.auto
-    """What our model computes in while it searches: auto (bf16 autocast on CUDA, fp32
-    elsewhere), fp32, or bf16 (autocast, on any device; on a CPU without bf16 instructions it
-    is slower). fp32 on CUDA multiplies matrices in TF32 (torch.backends.cuda.matmul.allow_tf32,
-    which tmt-eval, tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit
-    mantissa inputs, float32 sums). It holds inside an enclosing autocast too. A CTranslate2
-    export computes in its own type (auto only)."""
+    """What our model computes in while it searches: auto (bf16 autocast on CUDA and on a CPU
+    that multiplies bf16 natively, fp32 elsewhere; fp32 with decode.quantize=int8), fp32, or
+    bf16 (autocast, on any device; on a CPU without bf16 instructions it is slower). fp32 on
+    CUDA multiplies matrices in TF32 (torch.backends.cuda.matmul.allow_tf32, which tmt-eval,
+    tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit mantissa inputs,
+    float32 sums). It holds inside an enclosing autocast too. A CTranslate2 export computes in
+    its own type (auto only)."""
     quantize: CpuLinear = CpuLinear.none
     """int8: our model's linear layers and its output projection (the shared embedding) with
     int8 weights, quantized when the model is loaded (the checkpoint is unchanged), their inputs

@@ -321,8 +321,13 @@ class ExecutionPolicy:
 
     @property
     def precision(self) -> str:
-        """What the model computes in: fp32, bf16 or fp16."""
-        return "fp32" if self.dtype is None else str(self.dtype).removeprefix("torch.")
+        """What the model computes in, as trainer.precision names it: fp32, bf16 or fp16."""
+        names = {
+            None: Precision.fp32,
+            torch.bfloat16: Precision.bf16,
+            torch.float16: Precision.fp16,
+        }
+        return names[self.dtype].value
 
     def describe(self) -> str:
         """One line for the log: what this policy runs."""

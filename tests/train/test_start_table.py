@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from transformer_mt.checkpoint import save_checkpoint
@@ -20,6 +21,7 @@ from transformer_mt.config import TrainJob, config_dict
 from transformer_mt.data.tokenizer import SHARED_FILE, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.errors import CheckpointError, ConfigError, DataError
+from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.start import (
     PRECISION_COMPUTED,
@@ -28,7 +30,6 @@ from transformer_mt.train.start import (
     use_parent_tokenizer,
 )
 
-PLANNED_IN = "fp32"  # the precision every row's command would compute in
 PREPARED = "toy-aaaa"  # the prepared folder's name this configuration would build
 OTHER_DATA = "toy-bbbb"
 
@@ -144,9 +145,9 @@ def trained_with(*overrides: str) -> Callable[[Folders], None]:
 
 
 def trained_in_bf16(folders: Folders) -> None:
-    """A run whose checkpoint says it trained in bf16 (trainer.precision=auto on a GPU, or on a
-    CPU that multiplies bf16 natively); each row plans in fp32, as auto gives elsewhere."""
-    folders.started_with()
+    """A run started with trainer.precision=auto whose checkpoint says it trained in bf16 (auto on
+    a GPU, or on a CPU that multiplies bf16 natively); here auto gives fp32 (conftest.py)."""
+    folders.started_with("trainer.precision=auto")
     folders.prepared_as(PREPARED)
     folders.checkpoint("run/checkpoints/step_200.pt", 200, precision="bf16")
 
@@ -296,7 +297,7 @@ ROWS = [
     ),
     pytest.param(
         trained_in_bf16,
-        [],
+        ["trainer.precision=auto"],
         Refused(
             ConfigError,
             (
@@ -309,7 +310,7 @@ ROWS = [
     ),
     pytest.param(
         trained_in_bf16,
-        ["trainer.resume=force"],
+        ["trainer.precision=auto", "trainer.resume=force"],
         Started(
             StartKind.resume,
             200,
@@ -318,6 +319,18 @@ ROWS = [
             forced=[PRECISION_COMPUTED],
         ),
         id="resume: another precision with trainer.resume=force is forced",
+    ),
+    pytest.param(
+        trained_in_bf16,
+        ["trainer.precision=bf16"],
+        Started(StartKind.resume, 200, STEP_200, changed=["trainer.precision"]),
+        id="resume: trainer.precision=bf16 goes on in the bf16 that auto trained in",
+    ),
+    pytest.param(
+        trained_in_bf16,
+        ["trainer.precision=fp32"],
+        Refused(ConfigError, ('"bf16" → "fp32"', "trainer.precision=bf16 to go on")),
+        id="refused: trainer.precision=fp32 on a run that trained in bf16",
     ),
     pytest.param(
         trained_200,
@@ -455,6 +468,11 @@ ROWS = [
 ]
 
 
+def planned_in(cfg) -> str:
+    """What the row's command would compute in: the execution policy's precision on the CPU."""
+    return ExecutionPolicy.for_training(cfg.trainer, torch.device("cpu")).precision
+
+
 @pytest.mark.parametrize(("folder", "overrides", "expected"), ROWS)
 def test_plan_start(folder, overrides, expected, tiny_train_job, tmp_path):
     folders = Folders(tmp_path, tiny_train_job())
@@ -467,11 +485,11 @@ def test_plan_start(folder, overrides, expected, tiny_train_job, tmp_path):
     prepared = tmp_path / "prepared" / PREPARED
     if isinstance(expected, Refused):
         with pytest.raises(expected.error) as refusal:
-            plan_start(cfg, folders.run, prepared, PLANNED_IN)
+            plan_start(cfg, folders.run, prepared, planned_in(cfg))
         for fragment in expected.fragments:
             assert fragment in str(refusal.value)
         return
-    start = plan_start(cfg, folders.run, prepared, PLANNED_IN)
+    start = plan_start(cfg, folders.run, prepared, planned_in(cfg))
     assert start.kind == expected.kind
     assert start.step == expected.step
     assert start.path == (None if expected.path is None else tmp_path / expected.path)

@@ -218,9 +218,12 @@ def plan_start(cfg: TrainJob, run: RunDir, data_folder: Path, precision: str) ->
         found.training_state()  # an average has none: refused here, by name
         training = [d for d in changed if not d.steering]
         trained_in = found.record.precision
-        if trained_in is not None and trained_in != precision:  # trainer.precision=auto on
-            # another machine or device: what is trained changes, though no setting did
-            training.append(Difference(PRECISION_COMPUTED, trained_in, precision))
+        if trained_in is not None:
+            # What the updates compute in is compared, not the setting that chose it: auto and
+            # bf16 train alike where auto is bf16, and auto trains otherwise on another machine.
+            training = [d for d in training if d.key != "trainer.precision"]
+            if trained_in != precision:
+                training.append(Difference(PRECISION_COMPUTED, trained_in, precision))
         if training and cfg.trainer.resume != ResumeMode.force:
             keep = (
                 f"trainer.precision={trained_in} to go on in what it trained in, "
