@@ -102,7 +102,7 @@ OURS_DECODE = {
     OURS_INT8_GLIBC: dataclasses.replace(EARLY, quantize=CpuLinear.int8),
 }
 CT2_TYPES = {"(c) CTranslate2 float32": "float32", "(c) CTranslate2 int8": "int8"}
-GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1, precision=Precision.fp32)
+GREEDY = DecodeConfig(strategy=Strategy.greedy, beam_size=1)  # auto: a CTranslate2 model's only
 
 
 def timed(translate: Callable[[list[str]], list[str]], sources: list[str]):
@@ -214,7 +214,12 @@ def benchmark(args, folder: Path) -> None:
     pairs = split_pairs(data, args.sentences)
     sources, references = [s for s, _ in pairs], [t for _, t in pairs]
     ours = load_translator(run, args.checkpoint, decode=PAPER_FP32, device="cpu")
-    ours_greedy = load_translator(run, args.checkpoint, decode=GREEDY, device="cpu")
+    ours_greedy = load_translator(
+        run,
+        args.checkpoint,
+        decode=dataclasses.replace(GREEDY, precision=Precision.fp32),
+        device="cpu",
+    )
     model = ours.backend.model
     export_model(model, ours.tokenizers, folder, unicode_form=data.unicode_form)
 

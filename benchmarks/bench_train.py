@@ -53,9 +53,9 @@ that length-sorted batches are as densely packed as WMT's: about 3% padding at 2
 pieces drawn only for the sentences of the batches timed. --update-tokens: target tokens per
 update, split into micro-batches of at most --batch-tokens padded tokens as the trainer plans
 them (trainer.global_batch_tokens); without it an update is one batch of --batch-tokens.
---precision: autocast as trainer.precision (auto: bf16 on a GPU and on a CPU with native bf16
-products, else fp32), for both models; the columns ours-fp32 and ours-bf16 set it for ours alone,
-so that the two precisions are timed side by side on the same batches in alternating blocks
+--precision: autocast as trainer.precision (auto: bf16 on a GPU, fp32 on the CPU), for both
+models; the columns ours-fp32 and ours-bf16 set it for ours alone, so that the two precisions are
+timed side by side on the same batches in alternating blocks
 (`make bench ARGS="--columns ours-fp32,ours-bf16"`). The GPU report gives TFLOP/s, model FLOPs
 utilisation against the GPU's dense bf16 peak (flops.py) on real tokens and beside it on padded
 shapes, the batches' padding, and peak GPU memory (allocated by torch) instead of RSS. Each
@@ -937,8 +937,7 @@ def parse_args():
         "--precision",
         choices=["auto", "fp32", "bf16"],
         default="auto",
-        help="autocast of both models, as trainer.precision (auto: bf16 on a GPU and on a CPU "
-        "with native bf16 products, else fp32)",
+        help="autocast of both models, as trainer.precision (auto: bf16 on a GPU, else fp32)",
     )
     parser.add_argument("--gpu-report", action="store_true", help=argparse.SUPPRESS)  # on a CPU
     parser.add_argument("--no-marian", action="store_true", help="time our model only")

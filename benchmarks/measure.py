@@ -252,7 +252,7 @@ def report_header(title: str, device: torch.device | None = None) -> list[str]:
 
 def cpu_bf16_line() -> str:
     """What this CPU offers for bf16 products: its flags (Linux's /proc/cpuinfo), torch's checks,
-    and what precision=auto computes in on it (execution.cpu_multiplies_bf16)."""
+    and what precision=auto computes in on it (execution.autocast_dtype)."""
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "bf16")  # bf16: Arm's extension
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
@@ -269,8 +269,9 @@ def cpu_bf16_line() -> str:
         shown = "not readable here"
     onednn = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     avx512_bf16 = torch.cpu._is_avx512_bf16_supported()
-    auto = "bf16" if cpu_multiplies_bf16() else "fp32"
+    search = "bf16" if cpu_multiplies_bf16() else "fp32"
     return (
         f"CPU flags: {shown}; torch: cpu._is_avx512_bf16_supported() {avx512_bf16}, "
-        f"mkldnn._is_mkldnn_bf16_supported() {onednn}; precision=auto computes in {auto} here"
+        f"mkldnn._is_mkldnn_bf16_supported() {onednn}; here decode.precision=auto searches in "
+        f"{search}, trainer.precision=auto trains in fp32"
     )

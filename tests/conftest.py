@@ -25,9 +25,10 @@ torch.set_num_threads(1)
 
 @pytest.fixture(scope="session", autouse=True)
 def cpu_without_native_bf16():
-    """precision=auto means fp32 in every test process, on any machine: whether a CPU multiplies
-    bf16 natively (execution.cpu_multiplies_bf16) would otherwise change what the tests compute.
-    The tests of the detection and of auto's bf16 branch inject their own answer."""
+    """decode.precision=auto means fp32 in every test process, on any machine: whether a CPU
+    multiplies bf16 natively (execution.cpu_multiplies_bf16) would otherwise change what the
+    tests' searches compute. The tests of the detection and of auto's bf16 branch inject their
+    own answer."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(execution, "cpu_multiplies_bf16", lambda: False)
         yield

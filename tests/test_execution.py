@@ -35,20 +35,25 @@ def test_the_trainer_scales_its_loss_in_fp16_and_pins_batches_for_cuda(
     assert (policy.scales_loss, policy.pins_memory) == (scales, pins)
 
 
-@pytest.mark.parametrize(("native", "auto"), [(True, torch.bfloat16), (False, None)])
-def test_precision_auto_is_bf16_on_a_cpu_that_multiplies_it_natively_and_fp32_elsewhere(
-    monkeypatch, native, auto
+@pytest.mark.parametrize(("native", "search"), [(True, torch.bfloat16), (False, None)])
+def test_precision_auto_searches_in_bf16_on_a_cpu_that_multiplies_it_natively_and_trains_in_fp32(
+    monkeypatch, native, search
 ):
-    """The detection injected: a CPU reported with native bf16 products, and one without."""
+    """The detection injected: a CPU reported with native bf16 products, and one without. A
+    search gains there; a training step does not at every width (execution.autocast_dtype)."""
     monkeypatch.setattr(execution, "cpu_multiplies_bf16", lambda: native)
+    assert ExecutionPolicy.for_decoding(DecodeConfig(), CPU).dtype == search
+    assert ExecutionPolicy.for_decoding(DecodeConfig(precision=Precision.auto), CPU).dtype == search
     for config in (TrainerConfig(), TrainerConfig(precision=Precision.auto)):
-        assert ExecutionPolicy.for_training(config, CPU).dtype == auto
-    assert ExecutionPolicy.for_decoding(DecodeConfig(), CPU).dtype == auto
-    # fp32 forces fp32 back; int8 weights compute in fp32; CUDA's auto is bf16 on any host.
-    assert ExecutionPolicy.for_training(TrainerConfig(precision=Precision.fp32), CPU).dtype is None
+        assert ExecutionPolicy.for_training(config, CPU).dtype is None
+    # fp32 forces fp32 back; bf16 asks for it; int8 weights compute in fp32; CUDA's auto is
+    # bf16 on any host.
     assert ExecutionPolicy.for_decoding(DecodeConfig(precision=Precision.fp32), CPU).dtype is None
     assert ExecutionPolicy.for_decoding(DecodeConfig(quantize=CpuLinear.int8), CPU).dtype is None
+    bf16 = TrainerConfig(precision=Precision.bf16)
+    assert ExecutionPolicy.for_training(bf16, CPU).dtype == torch.bfloat16
     assert ExecutionPolicy.for_training(TrainerConfig(), CUDA).dtype == torch.bfloat16
+    assert ExecutionPolicy.for_decoding(DecodeConfig(), CUDA).dtype == torch.bfloat16
 
 
 def test_the_cpus_bf16_products_are_asked_of_the_instructions_not_of_onednns_emulation(
@@ -58,7 +63,7 @@ def test_the_cpus_bf16_products_are_asked_of_the_instructions_not_of_onednns_emu
     slower than fp32: the detection asks for AVX512-BF16 itself, once, and logs its answer."""
     monkeypatch.setattr(execution.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    for native, said in ((False, "lacks AVX512-BF16"), (True, "has AVX512-BF16")):
+    for native, said in ((False, "lacks AVX512-BF16"), (True, "has AVX512-BF16: decode")):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
         detected_native_bf16.cache_clear()
         with caplog.at_level("INFO", logger="transformer_mt.execution"):

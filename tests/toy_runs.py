@@ -34,10 +34,6 @@ TINY_TRAIN = [
     "trainer.progress_bar=false",
     "trainer.num_threads=1",  # conftest.py: one thread a test process
     "trainer.loader_workers=0",
-    # fp32 on any CPU: precision=auto is bf16 where the CPU multiplies it natively, and a test's
-    # runs in its own process and in console commands must compute alike on every machine
-    # (conftest.py pins auto to fp32 in the test processes; tests/gpu ask for auto, CUDA's bf16).
-    "trainer.precision=fp32",
 ]
 
 

@@ -392,9 +392,9 @@ class TrainerConfig:
     device: str = "auto"
     """auto (cuda when available, else cpu), cpu, cuda, cuda:N (torchrun: each rank's own GPU)."""
     precision: Precision = Precision.auto
-    """auto (bf16 autocast on a GPU and on a CPU that multiplies bf16 natively: AVX512-BF16 or
-    Arm's BF16; fp32 on other CPUs), fp32, bf16, or fp16 (with a gradient scaler). A resume keeps
-    what the run computed in, or reports the change (train/start.py)."""
+    """auto (bf16 autocast on a GPU, fp32 on a CPU: execution.autocast_dtype says why), fp32,
+    bf16, or fp16 (with a gradient scaler). A resume keeps what the run computed in, or reports
+    the change (train/start.py)."""
     compile: str = "auto"
     """true: the model's repeated layers through torch.compile (regional compilation; padded
     lengths rounded up to a multiple of 8); false: eager; auto: off on every device until a

@@ -163,9 +163,7 @@ def record_logits_and_tf32(model) -> set[tuple[torch.dtype, bool]]:
 
 
 def test_decode_precision_auto_is_bf16_on_cuda_and_its_bleu_is_near_fp32s(tmp_path):
-    run_dir = learned_toy_run(
-        tmp_path, "trainer.device=cuda", "trainer.compile=false", "trainer.precision=auto"
-    )
+    run_dir = learned_toy_run(tmp_path, "trainer.device=cuda", "trainer.compile=false")
     seen, bleu, outputs = {}, {}, {}
     for precision in (Precision.auto, Precision.fp32):
         decode = DecodeConfig(beam_size=4, precision=precision)

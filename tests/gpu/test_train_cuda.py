@@ -32,7 +32,7 @@ pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)
 # Eager: the tests below compare runs bitwise and time-box the GPU check; compiling (auto's
 # choice on CUDA) is tested on its own at the end.
-ON_CUDA = ["trainer.device=cuda", "trainer.compile=false", "trainer.precision=auto", *QUICK]
+ON_CUDA = ["trainer.device=cuda", "trainer.compile=false", *QUICK]
 # Runs compared bitwise: the math attention kernel, through the execution policy (conftest.py).
 BITWISE = [*ON_CUDA, MATH_ATTENTION]
 
@@ -191,13 +191,7 @@ def test_compiled_layers_train_on_cuda_and_auto_stays_eager(tiny_train_job, capl
     # graphs: an encoder layer, a decoder layer, a chunk's softmax_terms), lengths rounded to
     # few shapes, and the run trains to a finite state; auto stays eager until make gpu-check
     # measures the compiled step faster (execution.py).
-    compiled = [
-        "trainer.device=cuda",
-        "trainer.compile=true",
-        "trainer.precision=auto",
-        *QUICK,
-        "trainer.log_every=1",
-    ]
+    compiled = ["trainer.device=cuda", "trainer.compile=true", *QUICK, "trainer.log_every=1"]
     job = tiny_train_job(*compiled)
     with caplog.at_level(logging.INFO):
         state = load(train(job))

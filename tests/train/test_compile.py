@@ -35,10 +35,9 @@ from transformer_mt.train.loss import TrainingLoss, compiled_softmax_terms
 
 CPU = torch.device("cpu")
 EAGER = ExecutionPolicy.for_training(
-    TrainerConfig(compile="false", cpu_linear=CpuLinear.torch, precision=Precision.fp32), CPU
+    TrainerConfig(compile="false", cpu_linear=CpuLinear.torch), CPU
 )
-"""An eager fp32 policy with torch's products: the loss over the model as it is (made at import,
-before conftest.py pins precision=auto: fp32 asked for by name)."""
+"""An eager policy with torch's products: the loss over the model as it is."""
 
 
 @pytest.mark.parametrize(
@@ -137,9 +136,7 @@ def test_compiled_layers_equal_eager_ones_and_every_layer_shares_their_graphs():
     # largest entry is two orders of magnitude above it and far below any real difference.
     model = tiny_model()
     eager = TrainingLoss.for_policy(model, EAGER, epsilon=0.1, pad_id=0)
-    policy = ExecutionPolicy.for_training(
-        TrainerConfig(compile="true", precision=Precision.fp32), CPU
-    )
+    policy = ExecutionPolicy.for_training(TrainerConfig(compile="true"), CPU)
     compiled = TrainingLoss.for_policy(model, policy, epsilon=0.1, pad_id=0)
     assert all(type(m) is nn.Linear for m in model.modules() if isinstance(m, nn.Linear))
     torch._dynamo.reset()

@@ -10,7 +10,6 @@ import pytest
 import torch
 from toy_runs import trainer_for
 
-from transformer_mt import execution
 from transformer_mt.checkpoint import Progress
 from transformer_mt.checkpoint import format as checkpoint_module  # the module that saves
 from transformer_mt.commands.train import train
@@ -293,14 +292,12 @@ def test_fp16_skips_while_the_scale_calibrates_and_stops_only_when_it_collapses(
     assert "10 updates in a row" in rules.reason(Progress())
 
 
-def test_a_run_records_what_it_trained_in_and_a_resume_keeps_it(tiny_train_job, monkeypatch):
-    """trainer.precision=auto on a CPU reported as multiplying bf16 natively trains in bf16, and
-    its checkpoints say so in trainer.precision's own words. Where auto gives fp32 (another
-    machine) the resume is refused, naming the setting that goes on in bf16; with it, it does."""
-    monkeypatch.setattr(execution, "cpu_multiplies_bf16", lambda: True)
-    first = load(train(tiny_train_job("trainer.precision=auto", "trainer.max_steps=2", *QUICK)))
+def test_a_run_records_what_it_trained_in_and_a_resume_keeps_it(tiny_train_job):
+    """A run trained in bf16 (trainer.precision=bf16, or auto on a GPU) says so in its
+    checkpoints, in trainer.precision's own words. Where auto gives fp32 (the run moved to a CPU)
+    the resume is refused, naming the setting that goes on in bf16; with it, it does."""
+    first = load(train(tiny_train_job("trainer.precision=bf16", "trainer.max_steps=2", *QUICK)))
     assert first["precision"] == Precision.bf16.value
-    monkeypatch.setattr(execution, "cpu_multiplies_bf16", lambda: False)
     with pytest.raises(ConfigError, match="trainer.precision=bf16 to go on in what it trained in"):
         train(tiny_train_job("trainer.precision=auto", "trainer.max_steps=3", *QUICK))
     resumed = load(train(tiny_train_job("trainer.precision=bf16", "trainer.max_steps=3", *QUICK)))

@@ -146,7 +146,7 @@ def trained_with(*overrides: str) -> Callable[[Folders], None]:
 
 def trained_in_bf16(folders: Folders) -> None:
     """A run started with trainer.precision=auto whose checkpoint says it trained in bf16 (auto on
-    a GPU, or on a CPU that multiplies bf16 natively); here auto gives fp32 (conftest.py)."""
+    a GPU); here, on the CPU, auto trains in fp32."""
     folders.started_with("trainer.precision=auto")
     folders.prepared_as(PREPARED)
     folders.checkpoint("run/checkpoints/step_200.pt", 200, precision="bf16")
