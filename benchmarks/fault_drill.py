@@ -4,6 +4,7 @@
     python -m benchmarks.fault_drill --kills 12 --seed 3 --workdir /tmp/drill
     python -m benchmarks.fault_drill | tee benchmarks/fault_drill.txt
     python -m benchmarks.fault_drill --compile               # the same with trainer.compile=true
+    python -m benchmarks.fault_drill --two-corpora   # on two corpora, one weighted and tagged
 
 Every run goes through the real command line (`tmt-prepare`, `tmt-train`, each in its own
 process group) on the embedded toy corpus with the tiny model:
@@ -99,6 +100,12 @@ def parse_args() -> argparse.Namespace:
         help="both runs with trainer.compile=true (the model and its loss compiled; every "
         "restart compiles again)",
     )
+    parser.add_argument(
+        "--two-corpora",
+        action="store_true",
+        help="both runs on two corpora: the toy corpus and a second one (another seed), weight "
+        "0.5 (another random half each epoch) and tagged <BT> (data.corpora)",
+    )
     args = parser.parse_args()
     if args.kills < 1 or args.steps < 2 * args.checkpoint_every:
         parser.error("need --kills >= 1 and --steps >= 2 x --checkpoint-every")
@@ -134,7 +141,11 @@ def train_overrides(args: argparse.Namespace, run_dir: Path, prepared_dir: Path)
         *(f"trainer.{key}={value}" for key, value in trainer.items()),
         f"run_dir={run_dir}",
         f"data.prepared_dir={prepared_dir}",
+        *([SECOND_CORPUS] if args.two_corpora else []),
     ]
+
+
+SECOND_CORPUS = '+data.corpora.bt={toy_seed:2,toy_sizes:[3000,1,1],weight:0.5,tag:"<BT>"}'
 
 
 # ---- checkpoints on disk ----------------------------------------------------------------------

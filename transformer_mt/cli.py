@@ -126,11 +126,13 @@ def prepare_main(cfg: DictConfig) -> None:
     def task() -> None:
         job = as_job(cfg, TrainJob)
         data = prepare_run(job)
+        others = "".join(f"; corpus {e.name}: {len(e.train)} in {e.folder}" for e in data.extra)
         log.info(
-            "prepared data in %s: %d train, %d valid pairs; tokenizer copied to %s",
+            "prepared data in %s: %d train, %d valid pairs%s; tokenizer copied to %s",
             data.folder,
             len(data.train),
             len(data.valid),
+            others,
             job.run_dir,
         )
 

@@ -15,11 +15,13 @@ import dataclasses
 import importlib.resources
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
 from hydra import compose, initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.errors import HydraException, MissingConfigException
@@ -141,6 +143,60 @@ class ExportFormat(str, Enum):
     transformers = "transformers"
 
 
+TAG_FORM = r"<[A-Za-z0-9_.:=+-]{1,64}>"
+"""A tag's form (data.tag, data.corpora.NAME.tag): an ASCII word in angle brackets, <BT>, <2de>,
+<news>. SentencePiece keeps it as a control piece of its own (never split, never produced from
+text), and preparation records every string of this form that the text holds, so a tag that
+occurs in the text is refused without reading the text again."""
+CORPUS_NAME_FORM = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+"""A corpus's name (a key of data.corpora): it names the corpus's prepared folder and its lines in
+the log and history.jsonl."""
+
+
+@dataclass(kw_only=True)
+class CorpusConfig:
+    """A training corpus beside the main one (data.corpora.NAME). A key left null is the main
+    corpus's (data.*): `+data.corpora.bt.dir=bt` reads bt/train.{src_lang,tgt_lang} as data
+    reads its own; only the training split is read (valid and test stay the main corpus's)."""
+
+    source: SourceKind | None = None
+    """toy, files or hf (null: data.source)."""
+    dir: str | None = None
+    """files: the folder holding `{split}.{lang}` (null: data.dir)."""
+    split: str | None = None
+    """The training split's name: file prefix or HF split (null: data.train_split)."""
+    src_lang: str | None = None
+    """Source language code (null: data.src_lang)."""
+    tgt_lang: str | None = None
+    """Target language code (null: data.tgt_lang)."""
+    hf_path: str | None = None
+    """hf: as data.hf_path (null: data.hf_path)."""
+    hf_config: str | None = None
+    """hf: as data.hf_config (null: data.hf_config)."""
+    hf_revision: str | None = None
+    """hf: as data.hf_revision (null: data.hf_revision)."""
+    hf_data_files: dict[str, str] | None = None
+    """hf: as data.hf_data_files (null: data.hf_data_files)."""
+    hf_src_column: str | None = None
+    """hf: as data.hf_src_column (null: data.hf_src_column)."""
+    hf_tgt_column: str | None = None
+    """hf: as data.hf_tgt_column (null: data.hf_tgt_column)."""
+    toy_seed: int | None = None
+    """toy: seed of the generated corpus (null: data.toy_seed)."""
+    toy_sizes: list[int] | None = None
+    """toy: [train, valid, test] sizes of the generated corpus; only train is read (null:
+    data.toy_sizes)."""
+    weight: float = 1.0
+    """How often each of its pairs is trained on per epoch (an upsampling factor): 2, every pair
+    twice; 0.5, a different random half each epoch (docs/several-corpora.md)."""
+    tag: str | None = None
+    """A piece put before each of its sources (TAG_FORM: <BT> for back-translation, a domain's
+    name), or null: none."""
+
+
+CORPUS_KEYS = tuple(field_.name for field_ in dataclasses.fields(CorpusConfig))
+
+
 @dataclass(kw_only=True)
 class DataConfig:
     """Where the parallel text comes from and how it is tokenized."""
@@ -221,6 +277,16 @@ class DataConfig:
     """Cache of prepared corpora, one folder per hash of everything that produced it."""
     num_workers: int | None = None
     """Processes that encode and binarize (null: one per CPU core this process may use)."""
+    weight: float = 1.0
+    """The main corpus's training weight (as data.corpora.NAME.weight): how often each of its
+    pairs is trained on per epoch."""
+    tag: str | None = None
+    """A piece put before each of the main corpus's training sources (as data.corpora.NAME.tag),
+    or null: none."""
+    corpora: dict[str, Any] = field(default_factory=dict)
+    """Training corpora beside the main one, by name, each a CorpusConfig's keys
+    (docs/several-corpora.md); {}: the main corpus alone. Typed when read (`corpus_settings`):
+    OmegaConf cannot add an entry to a dict of dataclasses from the command line."""
 
     def validate(self) -> None:
         """ConfigError naming the data.* key of the first value that cannot be."""
@@ -269,6 +335,59 @@ class DataConfig:
                 "data.toy_sizes",
                 f"must be three positive sizes [train, valid, test], got {self.toy_sizes}",
             )
+        validate_weight_and_tag(self.weight, self.tag, "data")
+        for name in self.corpora:
+            key = f"data.corpora.{name}"
+            corpus = self.corpus_settings(name)
+            _require(
+                re.fullmatch(CORPUS_NAME_FORM, name) is not None and name != self.name,
+                key,
+                f"a corpus's name is a word of letters, digits, '_', '.' and '-' other than "
+                f"data.name ({self.name!r}), got {name!r}",
+            )
+            validate_weight_and_tag(corpus.weight, corpus.tag, key)
+            dataclasses.replace(self.corpus(name), corpora={}).validate()
+
+    def corpus_settings(self, name: str) -> CorpusConfig:
+        """data.corpora.NAME as a CorpusConfig; ConfigError naming the key that is not one of
+        its keys or has a value of the wrong type."""
+        key = f"data.corpora.{name}"
+        entry = self.corpora[name]
+        if isinstance(entry, CorpusConfig):
+            return entry
+        if not isinstance(entry, dict):
+            raise ConfigError(
+                f"config key '{key}': must hold a corpus's keys ({', '.join(CORPUS_KEYS)}), "
+                f"got {entry!r}"
+            )
+        try:
+            merged = OmegaConf.merge(OmegaConf.structured(CorpusConfig), entry)
+            return OmegaConf.to_object(merged)
+        except OmegaConfBaseException as error:
+            inner = getattr(error, "full_key", None) or "?"
+            reason = str(error).splitlines()[0]
+            raise ConfigError(f"config key '{key}.{inner}': {reason}") from None
+
+    def corpus(self, name: str) -> DataConfig:
+        """The data configuration that reads corpus `name` of data.corpora as its training
+        split: its own keys where it sets them, the main corpus's (data.*) where null."""
+        corpus = self.corpus_settings(name)
+        own = {
+            key: value
+            for key, value in dataclasses.asdict(corpus).items()
+            if value is not None and key not in ("split", "weight", "tag")
+        }
+        if corpus.split is not None:
+            own["train_split"] = corpus.split
+        return dataclasses.replace(
+            self, **own, name=name, weight=corpus.weight, tag=corpus.tag, corpora={}
+        )
+
+    @property
+    def tags(self) -> list[str]:
+        """Every corpus's tag, each once, in the order of the corpora (the main one first)."""
+        found = [self.tag, *(self.corpus_settings(name).tag for name in self.corpora)]
+        return list(dict.fromkeys(tag for tag in found if tag is not None))
 
 
 @dataclass(kw_only=True)
@@ -1024,6 +1143,10 @@ def config_error_line(error: BaseException) -> str | None:
         return f"{first_line(str(error))}{where}{extra}"
     if isinstance(error, HydraException):
         return ": ".join(str(error).strip().split("\n\n")[0].splitlines())
+    if isinstance(error, yaml.MarkedYAMLError):  # a preset that is no YAML: duplicate keys too
+        mark = error.problem_mark
+        where = f"{mark.name}:{mark.line + 1}: " if mark is not None else ""
+        return f"{where}{error.problem} ({error.context or 'not YAML'})"
     return None
 
 
@@ -1072,6 +1195,21 @@ def compose_job(config_name: str, overrides: list[str] | None = None) -> RunJob:
 
 
 # The checks of one value that the validate() methods share.
+
+
+def validate_weight_and_tag(weight: float, tag: str | None, key: str) -> None:
+    """ConfigError naming KEY.weight unless it is a finite number > 0, KEY.tag unless it is null
+    or of TAG_FORM."""
+    _require(
+        isinstance(weight, (int, float)) and math.isfinite(weight) and weight > 0,
+        f"{key}.weight",
+        f"must be a finite number > 0 (how often each pair is trained on per epoch), got {weight}",
+    )
+    _require(
+        tag is None or re.fullmatch(TAG_FORM, tag) is not None,
+        f"{key}.tag",
+        f"must be an ASCII word in angle brackets, as <BT> or <2de> (no spaces), got {tag!r}",
+    )
 
 
 def _require(condition: bool, key: str, message: str) -> None:

@@ -25,7 +25,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.checkpoint.folder import CheckpointFolder
 from transformer_mt.config import DataConfig
-from transformer_mt.data.prepare import PreparedData, prepare, prepared_folder
+from transformer_mt.data.corpora import prepare_corpora
+from transformer_mt.data.prepare import PreparedData, prepared_folder
 from transformer_mt.data.tokenizer import TOKENIZER_FILES, Tokenizers, load_tokenizers
 from transformer_mt.errors import ConfigError, DataError
 from transformer_mt.files import copy_atomically, remove_partial_writes, write_text_atomically
@@ -163,7 +164,7 @@ class RunDir:
         """The run's prepared corpus, built if needed; refused before any work when the run was
         started on other data."""
         self.check_prepared(prepared_folder(cfg))
-        data = prepare(cfg)
+        data = prepare_corpora(cfg)
         self.adopt_prepared(data.folder, data.tokenizers)
         return data
 

@@ -16,12 +16,8 @@ import torch
 
 from transformer_mt import __version__
 from transformer_mt.config import TrainJob
-from transformer_mt.data.prepare import (
-    PreparedData,
-    open_prepared,
-    prepared_folder,
-    wait_until_prepared,
-)
+from transformer_mt.data.corpora import prepare_corpora
+from transformer_mt.data.prepare import PreparedData, prepared_folder, wait_until_prepared
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import ConfigError, OutOfMemory, TransformerMTError
 from transformer_mt.execution import ExecutionPolicy
@@ -65,6 +61,9 @@ def train_ranks(
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
     if cfg.data.dir is not None:
         cfg.data.dir = str(Path(cfg.data.dir).resolve())
+    for name, corpus in cfg.data.corpora.items():
+        if isinstance(corpus, dict) and corpus.get("dir") is not None:
+            cfg.data.corpora[name] = {**corpus, "dir": str(Path(corpus["dir"]).resolve())}
     use_parent_tokenizer(cfg)
     # Every check before the first write: a refused command leaves the run folder as it was.
     start = agreed_start(cfg, run, ranks, policy.precision)
@@ -136,7 +135,7 @@ def train_started(
     else:
         wait_until_prepared(cfg.data)  # no collective yet: preparing may outlast its timeout
         ranks.barrier()
-        data = open_prepared(prepared_folder(cfg.data))
+        data = prepare_corpora(cfg.data, build=False)
     first_step, trainer = start.step, None
     try:
         torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank

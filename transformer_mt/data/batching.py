@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
 
-from transformer_mt.data.store import ParallelTokens
+from transformer_mt.data.store import MixedTokens, ParallelTokens, StoredSplit
 from transformer_mt.errors import DataError
 from transformer_mt.shapes import in_eighth_steps
 
@@ -420,7 +419,7 @@ def pad_sequences(
 
 
 def collate(
-    data: ParallelTokens,
+    data: ParallelTokens | MixedTokens,
     indices: np.ndarray,
     *,
     pad_id: int,
@@ -450,13 +449,13 @@ def collate(
 
 
 class BatchDataset(torch.utils.data.Dataset):
-    """Batch i of a precomputed list, collated from the split's store (opened lazily per process,
-    so DataLoader workers map the files instead of receiving copies of the arrays)."""
+    """Batch i of a precomputed list, collated from the stores (read as one: `MixedTokens`, each
+    source after its store's prefix), opened lazily per process, so DataLoader workers map the
+    files instead of receiving copies of the arrays."""
 
     def __init__(
         self,
-        folder: Path,
-        split: str,
+        stores: list[StoredSplit],
         batches: list[np.ndarray],
         *,
         pad_id: int,
@@ -465,17 +464,17 @@ class BatchDataset(torch.utils.data.Dataset):
         round_lengths: bool = False,
         equal_sources: bool = False,
     ):
-        self.folder, self.split, self.batches = folder, split, batches
+        self.stores, self.batches = stores, batches
         self.ids = {"pad_id": pad_id, "bos_id": bos_id, "eos_id": eos_id}
         self.shapes = {"round_lengths": round_lengths, "equal_sources": equal_sources}
-        self.data: ParallelTokens | None = None
+        self.data: MixedTokens | None = None
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __getitem__(self, index: int) -> Batch:
         if self.data is None:
-            self.data = ParallelTokens.load(self.folder, self.split)
+            self.data = MixedTokens(self.stores)
         return collate(self.data, self.batches[index], **self.ids, **self.shapes)
 
     def __getstate__(self) -> dict:

@@ -29,13 +29,14 @@ from pathlib import Path
 from transformer_mt.config import DataConfig
 from transformer_mt.data.binarize import CHUNK_LINES, binarize
 from transformer_mt.data.clean import CHARS_PER_PIECE_BOUND, clean_text_pairs, single_line
-from transformer_mt.data.sources import corpus_identity, read_pairs, source_version
+from transformer_mt.data.sources import corpus_identity, pair_place, read_pairs, source_version
 from transformer_mt.data.store import (
     ParallelTokens,
     check_files,
     damaged,
     seal_files,
 )
+from transformer_mt.data.tags import TagScan, tag_keys
 from transformer_mt.data.tokenizer import (
     SHARED_FILE,
     SRC_FILE,
@@ -63,11 +64,24 @@ VALID_TEXT = ("valid.text.src", "valid.text.tgt")
 
 
 @dataclass(frozen=True)
+class ExtraCorpus:
+    """A training corpus of data.corpora, prepared in a folder of its own."""
+
+    name: str
+    folder: Path
+    train: ParallelTokens
+
+
+@dataclass(frozen=True)
 class PreparedData:
+    """The main corpus's prepared folder (tokenizers, train, valid) and the other training
+    corpora's (data.corpora), encoded with the same tokenizers."""
+
     tokenizers: Tokenizers
     train: ParallelTokens
     valid: ParallelTokens
     folder: Path
+    extra: tuple[ExtraCorpus, ...] = ()
 
     def valid_text(self, count: int) -> tuple[list[str], list[str]]:
         """The first `count` sources and references of the valid split as read: not cleaned,
@@ -81,15 +95,39 @@ class PreparedData:
 
 
 def fingerprint(cfg: DataConfig) -> str:
-    """Hash of every input and setting that determines the prepared data."""
-    settings = asdict(cfg)
-    for key in ("name", "prepared_dir", "num_workers", "test_split", "hf_path", "dir"):
-        settings.pop(key)  # names, places and speed knobs; source_version identifies the corpus
+    """Hash of every input and setting that determines the main corpus's prepared folder. The
+    other corpora (data.corpora) and the tags count where SentencePiece is trained here: its
+    sample is drawn from every corpus, and each tag is a piece of its own. Weights never count:
+    they decide how often a pair is trained on, not how it is prepared."""
+    settings = corpus_settings(cfg)
     if cfg.spm_model is not None:  # the given model's content, not its place or training settings
         for key in ("spm_model", "vocab_size", "character_coverage", "spm_sample_sentences"):
             settings.pop(key)
         settings["spm_sha256"] = [file_sha256(path) for path in given_tokenizer_files(cfg)]
-    settings.update(format=FORMAT_VERSION, source_version=source_version(cfg))
+    else:
+        if cfg.corpora:
+            settings["corpora"] = {
+                name: corpus_settings(cfg.corpus(name), splits=("train",)) for name in cfg.corpora
+            }
+        if cfg.tags:
+            settings["tags"] = sorted(cfg.tags)
+    return settings_hash(settings)
+
+
+def corpus_settings(cfg: DataConfig, splits: tuple[str, ...] = ("train", "valid")) -> dict:
+    """What identifies a corpus's `splits` as read and cleaned: its content (source_version),
+    the settings that read and clean it, this format's version; not names, places, speed knobs,
+    weights or tags."""
+    settings = asdict(cfg)
+    for key in ("name", "prepared_dir", "num_workers", "test_split", "hf_path", "dir"):
+        settings.pop(key)  # names, places and speed knobs; source_version identifies the corpus
+    for key in ("weight", "tag", "corpora"):
+        settings.pop(key)
+    settings.update(format=FORMAT_VERSION, source_version=source_version(cfg, splits))
+    return settings
+
+
+def settings_hash(settings: dict) -> str:
     blob = json.dumps(settings, sort_keys=True, default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
@@ -288,12 +326,11 @@ def build_into(cfg: DataConfig, folder: Path) -> dict:
             if cfg.shared_vocab
             else (shared, Reservoir(cfg.spm_sample_sentences, cfg.seed + 1))
         )
-    n_read = write_clean_text(cfg, "train", folder, dropped_text, samples)
-    if n_read == 0:
-        raise DataError(
-            f"the training split of {corpus_identity(cfg)} is empty after cleaning "
-            f"(dropped: {dict(dropped_text)})"
-        )
+    scan = TagScan(tag_keys(cfg))
+    n_read = write_clean_train(cfg, folder, dropped_text, samples, scan)
+    if samples is not None:
+        for name in cfg.corpora:  # SentencePiece's sample is drawn from every corpus
+            sample_corpus(cfg.corpus(name), samples, TagScan(scan.tags))
     seconds["clean"], clock = time.perf_counter() - clock, time.perf_counter()
     if samples is None:
         tokenizers = given_tokenizers(cfg, folder)
@@ -310,7 +347,7 @@ def build_into(cfg: DataConfig, folder: Path) -> dict:
     for split in ("train", "valid"):
         dropped = dropped_text if split == "train" else Counter()
         if split != "train":
-            n_read = write_clean_text(cfg, split, folder, dropped, None)
+            n_read = write_clean_text(cfg, split, folder, dropped, None, scan)
         kept = binarize_split(
             cfg, split, folder, tokenizers, dropped, small=n_read <= 4 * CHUNK_LINES
         )
@@ -318,6 +355,7 @@ def build_into(cfg: DataConfig, folder: Path) -> dict:
         stats["splits"][split] = {"kept": kept, "dropped": counted}
         log.info("%s: kept %d pairs; dropped %s", split, kept, counted or "none")
     write_valid_text(cfg, folder)
+    stats["tag_like"] = scan.found
     seconds["binarize"] = time.perf_counter() - clock
     stats["seconds"] = {phase: round(value, 1) for phase, value in seconds.items()}
     return stats
@@ -361,21 +399,23 @@ def binarize_split(
 def train_tokenizers(
     cfg: DataConfig, samples: tuple[Reservoir, Reservoir], folder: Path
 ) -> Tokenizers:
-    """One SentencePiece model on both sides' sample (the paper's), or one per side."""
+    """One SentencePiece model on both sides' sample (the paper's), or one per side; each tag a
+    control piece of the source side's."""
     settings = {"vocab_size": cfg.vocab_size, "character_coverage": cfg.character_coverage}
+    tags = {"control_symbols": sorted(cfg.tags)}
     if cfg.shared_vocab:
         log.info(
             "training SentencePiece (BPE, %d pieces) on %d sentences",
             cfg.vocab_size,
             len(samples[0].items),
         )
-        shared = train_tokenizer(samples[0].items, folder / SHARED_FILE, **settings)
+        shared = train_tokenizer(samples[0].items, folder / SHARED_FILE, **settings, **tags)
         return Tokenizers(shared, shared)
     log.info(
         "training source and target SentencePiece models (BPE, %d pieces each)", cfg.vocab_size
     )
     return Tokenizers(
-        train_tokenizer(samples[0].items, folder / SRC_FILE, **settings),
+        train_tokenizer(samples[0].items, folder / SRC_FILE, **settings, **tags),
         train_tokenizer(samples[1].items, folder / TGT_FILE, **settings),
     )
 
@@ -397,21 +437,16 @@ def write_clean_text(
     folder: Path,
     dropped: Counter,
     samples: tuple[Reservoir, Reservoir] | None,
+    scan: TagScan,
 ) -> int:
-    """Stream one split through the text filters into two aligned files; feed the samples."""
+    """Stream one split through the text filters into two aligned files; feed the samples; the
+    scan records the strings of a tag's form (and refuses the run's tags)."""
     count = 0
     with (
         open(folder / f"{split}.clean.src", "w", encoding="utf-8") as src_out,
         open(folder / f"{split}.clean.tgt", "w", encoding="utf-8") as tgt_out,
     ):
-        pairs = clean_text_pairs(
-            read_pairs(cfg, split, dropped),
-            dropped,
-            unicode_form=cfg.unicode_form,
-            dedupe=cfg.dedupe and split == "train",
-            max_chars=CHARS_PER_PIECE_BOUND * cfg.max_tokens_per_sentence,
-        )
-        for src, tgt in pairs:
+        for src, tgt in cleaned_pairs(cfg, split, dropped, scan):
             src_out.write(single_line(src) + "\n")
             tgt_out.write(single_line(tgt) + "\n")
             if samples is not None:
@@ -419,6 +454,45 @@ def write_clean_text(
                 samples[1].add(tgt)
             count += 1
     return count
+
+
+def write_clean_train(
+    cfg: DataConfig,
+    folder: Path,
+    dropped: Counter,
+    samples: tuple[Reservoir, Reservoir] | None,
+    scan: TagScan,
+) -> int:
+    """write_clean_text of the training split; DataError when cleaning leaves nothing of it."""
+    count = write_clean_text(cfg, "train", folder, dropped, samples, scan)
+    if count == 0:
+        raise DataError(
+            f"the training split of {corpus_identity(cfg)} is empty after cleaning "
+            f"(dropped: {dict(dropped)})"
+        )
+    return count
+
+
+def cleaned_pairs(
+    cfg: DataConfig, split: str, dropped: Counter, scan: TagScan
+) -> Iterator[tuple[str, str]]:
+    """One split's pairs as read (scanned for tags), through the text filters."""
+    return clean_text_pairs(
+        scan.scanned(read_pairs(cfg, split, dropped), pair_place(cfg, split)),
+        dropped,
+        unicode_form=cfg.unicode_form,
+        dedupe=cfg.dedupe and split == "train",
+        max_chars=CHARS_PER_PIECE_BOUND * cfg.max_tokens_per_sentence,
+    )
+
+
+def sample_corpus(cfg: DataConfig, samples: tuple[Reservoir, Reservoir], scan: TagScan) -> None:
+    """Feed a corpus's cleaned training pairs to SentencePiece's samples (the same draw as the
+    main corpus's: one uniform sample of every corpus's pairs, whatever their weights)."""
+    log.info("sampling %s for SentencePiece", corpus_identity(cfg))
+    for src, tgt in cleaned_pairs(cfg, "train", Counter(), scan):
+        samples[0].add(src)
+        samples[1].add(tgt)
 
 
 def write_valid_text(cfg: DataConfig, folder: Path) -> None:

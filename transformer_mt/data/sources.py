@@ -11,7 +11,7 @@ import os
 import re
 import socket
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -47,24 +47,21 @@ def read_pairs(
     return iter(toy_split(cfg, split))
 
 
-def source_version(cfg: DataConfig) -> dict:
-    """What identifies the corpus's content: each file's name, size and sha256 (not its folder
-    or time, so a copy on another node or mount names the same prepared folder), the HF
-    dataset's fingerprint, or the toy generator's seed and sizes."""
+def source_version(cfg: DataConfig, splits: tuple[str, ...] = ("train", "valid")) -> dict:
+    """What identifies the content of the corpus's `splits`: each file's name, size and sha256
+    (not its folder or time, so a copy on another node or mount names the same prepared
+    folder), the HF dataset's fingerprint, or the toy generator's seed and sizes."""
+    names = [split_name(cfg, split) for split in splits]
     if cfg.source == SourceKind.files:
-        files = [
-            p
-            for split in (cfg.train_split, cfg.valid_split)
-            for p in parallel_file_paths(cfg, split)
-        ]
+        files = [p for name in names for p in parallel_file_paths(cfg, name)]
         for path in files:
             if not path.is_file():
                 raise DataError(f"{path}: no such file")
         return {path.name: content_identity(path) for path in files}
     if cfg.source == SourceKind.hf:
-        splits = load_hf_splits(cfg.hf_path, cfg.hf_config, cfg.hf_revision, data_files_key(cfg))
-        used = [name for name in (cfg.train_split, cfg.valid_split) if name in splits]
-        return {name: splits[name]._fingerprint for name in used} | {"path": cfg.hf_path}
+        found = load_hf_splits(cfg.hf_path, cfg.hf_config, cfg.hf_revision, data_files_key(cfg))
+        used = [name for name in names if name in found]
+        return {name: found[name]._fingerprint for name in used} | {"path": cfg.hf_path}
     from transformer_mt.data.toy import TOY_VERSION
 
     return {"toy": TOY_VERSION}
@@ -116,16 +113,28 @@ def read_lines(
                 yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
 
 
-def read_parallel_files(
-    src_path: Path, tgt_path: Path, *, replace: bool = False, counts: Counter | None = None
-) -> Iterator[tuple[str, str]]:
-    """Pairs line by line; files of different lengths are refused before anything is read."""
+def check_parallel_files(src_path: Path, tgt_path: Path) -> None:
+    """DataError unless both files exist and have as many lines."""
     src_count, tgt_count = count_lines(src_path), count_lines(tgt_path)
     if src_count != tgt_count:
         raise DataError(
             f"parallel files differ in length: {src_path} has {src_count} lines, "
             f"{tgt_path} has {tgt_count} lines"
         )
+
+
+def check_training_files(cfg: DataConfig) -> None:
+    """For local files: DataError unless the training split's two files exist and have as many
+    lines (what reading them would find, found before anything is prepared)."""
+    if cfg.source == SourceKind.files:
+        check_parallel_files(*parallel_file_paths(cfg, cfg.train_split))
+
+
+def read_parallel_files(
+    src_path: Path, tgt_path: Path, *, replace: bool = False, counts: Counter | None = None
+) -> Iterator[tuple[str, str]]:
+    """Pairs line by line; files of different lengths are refused before anything is read."""
+    check_parallel_files(src_path, tgt_path)
     src_lines = read_lines(src_path, replace=replace, counts=counts)
     return zip(src_lines, read_lines(tgt_path, replace=replace, counts=counts), strict=True)
 
@@ -348,6 +357,15 @@ def cached_toy_splits(
     from transformer_mt.data.toy import toy_splits
 
     return toy_splits(seed=seed, n_train=n_train, n_valid=n_valid, n_test=n_test)
+
+
+def pair_place(cfg: DataConfig, split: str) -> Callable[[int, int], str]:
+    """where(number, side): pair `number` (from 1) of a split, side 0 (source) or 1 (target),
+    for a message: FILE:LINE for local files, else the corpus, split and pair."""
+    if cfg.source == SourceKind.files:
+        paths = parallel_file_paths(cfg, split_name(cfg, split))
+        return lambda number, side: f"{paths[side]}:{number}"
+    return lambda number, side: f"{corpus_identity(cfg)}, {split} pair {number}"
 
 
 def corpus_identity(cfg: DataConfig) -> str:

@@ -186,6 +186,55 @@ class ParallelTokens:
         return cls(src, tgt)
 
 
+@dataclass(frozen=True)
+class StoredSplit:
+    """Where a split's tokens lie, and the ids put before each of its sources (a corpus's tag)."""
+
+    folder: Path
+    split: str
+    src_prefix: tuple[int, ...] = ()
+
+
+class PrefixedTokens:
+    """Sentence i of a TokenArray with `prefix` before it (what a batch reads of one side)."""
+
+    def __init__(self, array: TokenArray, prefix: tuple[int, ...]):
+        self.array, self.prefix = array, np.asarray(prefix, dtype=array.tokens.dtype)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        tokens = self.array[index]
+        return np.concatenate([self.prefix, tokens]) if len(self.prefix) else tokens
+
+
+class MixedTokens:
+    """Several stored splits read as one: example i is pair i - offsets[k] of split k (the k
+    with offsets[k] <= i < offsets[k + 1]), its source after split k's prefix. Has `src` and
+    `tgt` as ParallelTokens has, for `collate`."""
+
+    def __init__(self, stores: list[StoredSplit]):
+        parts = [ParallelTokens.load(store.folder, store.split) for store in stores]
+        self.offsets = np.cumsum([0, *(len(part) for part in parts)])
+        prefixed = zip(parts, stores, strict=True)
+        self.src = MixedSide(
+            [PrefixedTokens(p.src, s.src_prefix) for p, s in prefixed], self.offsets
+        )
+        self.tgt = MixedSide([PrefixedTokens(part.tgt, ()) for part in parts], self.offsets)
+
+    def __len__(self) -> int:
+        return int(self.offsets[-1])
+
+
+class MixedSide:
+    """One side of MixedTokens."""
+
+    def __init__(self, parts: list[PrefixedTokens], offsets: np.ndarray):
+        self.parts, self.offsets = parts, offsets
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        part = int(np.searchsorted(self.offsets, index, side="right")) - 1
+        return self.parts[part][int(index - self.offsets[part])]
+
+
 # ---- a folder's files: durable before it is published, checked when it is opened ---------
 def seal_files(folder: Path) -> dict[str, dict]:
     """fsync every file of `folder` and return {name: {"bytes", "sha256"}}: the record that

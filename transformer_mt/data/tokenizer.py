@@ -137,6 +137,7 @@ def train_tokenizer(
     *,
     vocab_size: int,
     character_coverage: float = 0.9999,
+    control_symbols: list[str] | None = None,
 ) -> Tokenizer:
     """Train BPE on `sentences` (source and target mixed, already sampled); save to model_path.
 
@@ -144,7 +145,8 @@ def train_tokenizer(
     (SentencePiece's own NFKC rule is off, so pieces decode to exactly the text they encode).
     Characters outside the `character_coverage` share of the sample's characters, and any
     character never seen, are spelled in UTF-8 byte pieces (byte fallback): nothing encodes to
-    <unk>, and decoding gives every character back.
+    <unk>, and decoding gives every character back. `control_symbols` (tags) get pieces of
+    their own after the special ones, which encoding never produces from text.
     """
     sentences = [s for s in sentences if s.strip()]
     if not sentences:
@@ -164,6 +166,7 @@ def train_tokenizer(
             unk_id=UNK_ID,
             bos_id=BOS_ID,
             eos_id=EOS_ID,
+            **({"control_symbols": control_symbols} if control_symbols else {}),
             num_threads=usable_cpus(),
             minloglevel=2,
         )

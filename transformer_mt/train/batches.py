@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from transformer_mt.data.batching import (
     epoch_batches,
     target_tokens_by_turn,
 )
-from transformer_mt.data.prepare import PreparedData
+from transformer_mt.data.corpora import CorpusMix
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.train.distributed import Ranks
@@ -36,13 +36,17 @@ class TrainingBatches:
 
     def __init__(
         self,
-        data: PreparedData,
+        mix: CorpusMix,
         plan: BatchPlan,
         policy: ExecutionPolicy,
         ranks: Ranks,
         settings: TrainerConfig,
+        *,
+        on_epoch: Callable[[int, dict[str, dict[str, int]]], None] | None = None,
     ):
-        self.data, self.plan, self.policy = data, plan, policy
+        """on_epoch(epoch, counts): told on rank 0 what each corpus gives an epoch (the pairs and
+        tokens of CorpusMix.counts) when its batches are computed."""
+        self.mix, self.plan, self.policy, self.on_epoch = mix, plan, policy, on_epoch
         self.ranks, self.settings = ranks, settings
         self.position = DataPosition()
         self.tokens_by_turn = np.zeros(0, dtype=np.int64)  # the epoch's; set by epoch_loader
@@ -103,29 +107,34 @@ class TrainingBatches:
         """This rank's batches of this epoch from the position on, collated in workers. Sets
         `tokens_by_turn`: for each place in the rank's list, the target tokens of every rank's
         batch there (every rank computes the whole epoch's batches, then takes its share)."""
-        train, settings, world_size = self.data.train, self.settings, self.ranks.world_size
+        mix, settings, world_size = self.mix, self.settings, self.ranks.world_size
         position = self.position
-        every_rank = epoch_batches(
-            train.src.lengths,
-            train.tgt.lengths,
-            self.plan.micro_batch_tokens,
-            seed=settings.seed,
-            epoch=position.epoch,
-            world_size=world_size,
-            equal_sources=self.policy.equal_source_lengths,
-        )
+        examples = mix.epoch_examples(settings.seed, position.epoch)
+        every_rank = [
+            examples[batch]
+            for batch in epoch_batches(
+                mix.src_lengths[examples],
+                mix.tgt_lengths[examples],
+                self.plan.micro_batch_tokens,
+                seed=settings.seed,
+                epoch=position.epoch,
+                world_size=world_size,
+                equal_sources=self.policy.equal_source_lengths,
+            )
+        ]
         batches = every_rank[self.ranks.rank :: world_size]
-        self.tokens_by_turn = target_tokens_by_turn(every_rank, train.tgt.lengths, world_size)
+        self.tokens_by_turn = target_tokens_by_turn(every_rank, mix.tgt_lengths, world_size)
         if self.ranks.is_main:
             self.log_shapes(batches)
+            if self.on_epoch is not None:
+                self.on_epoch(position.epoch, mix.counts(examples))
         if self.fraction is not None:
             position.batch_in_epoch = round(self.fraction * len(batches))
             self.fraction = None
         position.batches_in_epoch = len(batches)
         position.layout = self.layout()
         dataset = BatchDataset(
-            self.data.folder,
-            "train",
+            mix.stores,
             batches,
             pad_id=PAD_ID,
             bos_id=BOS_ID,
@@ -151,11 +160,10 @@ class TrainingBatches:
     def log_shapes(self, batches: list[np.ndarray]) -> None:
         """How many distinct batch shapes this rank's epoch holds (each new one costs a GPU a
         plan, a kernel or an allocation its first time: ExecutionPolicy.round_lengths)."""
-        train = self.data.train
         shapes = batch_shapes(
             batches,
-            train.src.lengths,
-            train.tgt.lengths,
+            self.mix.src_lengths,
+            self.mix.tgt_lengths,
             round_lengths=self.policy.round_lengths,
             equal_sources=self.policy.equal_source_lengths,
         )

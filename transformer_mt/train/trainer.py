@@ -26,6 +26,7 @@ from tqdm import tqdm
 from transformer_mt.checkpoint import CheckpointRecord, Progress, UpdateCounts
 from transformer_mt.config import TrainJob
 from transformer_mt.data.batching import Batch, BatchPlan, plan_batches
+from transformer_mt.data.corpora import CorpusMix
 from transformer_mt.data.prepare import PreparedData
 from transformer_mt.data.tokenizer import PAD_ID
 from transformer_mt.execution import ExecutionPolicy
@@ -86,9 +87,12 @@ class Trainer:
             self.compile_cache = use_compile_cache(policy, run.old_compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.scales_loss)
+        self.mix = CorpusMix.of(data, cfg.data)
         self.plan = self.planned_batches()
         self.counts = UpdateCounts()  # the loop's own; the parts below hold theirs
-        self.batches = TrainingBatches(data, self.plan, policy, self.ranks, cfg.trainer)
+        self.batches = TrainingBatches(
+            self.mix, self.plan, policy, self.ranks, cfg.trainer, on_epoch=self.record_epoch
+        )
         self.validator = Validator(
             self.model,
             self.validation_loss_module(),
@@ -134,10 +138,11 @@ class Trainer:
     def planned_batches(self) -> BatchPlan:
         """trainer.global_batch_tokens as ranks x micro-batches (a warning where those are too
         small for a GPU to be busy)."""
-        settings, data = self.cfg.trainer, self.data
+        settings, mix = self.cfg.trainer, self.mix
+        examples = mix.epoch_examples(settings.seed, 0)  # an epoch as the weights make it
         plan = plan_batches(
-            data.train.src.lengths,
-            data.train.tgt.lengths,
+            mix.src_lengths[examples],
+            mix.tgt_lengths[examples],
             global_target_tokens=settings.global_batch_tokens,
             max_batch_tokens=settings.batch_tokens,
             world_size=self.ranks.world_size,
@@ -148,6 +153,22 @@ class Trainer:
         if small and self.ranks.is_main:
             log.warning("%s", small)
         return plan
+
+    def record_epoch(self, epoch: int, counts: dict[str, dict[str, int]]) -> None:
+        """What each corpus gives an epoch, in the log and history.jsonl, where there are
+        several (rank 0)."""
+        if len(counts) < 2:
+            return
+        log.info(
+            "epoch %d: %s",
+            epoch,
+            "; ".join(
+                f"{name} {c['pairs']:,} pairs, {c['src_tokens']:,} + {c['tgt_tokens']:,} tokens"
+                for name, c in counts.items()
+            ),
+        )
+        record = {"event": "epoch", "epoch": epoch, "step": self.counts.step, "corpora": counts}
+        self.run.append_history(record)
 
     @property
     def progress(self) -> Progress:
