@@ -25,7 +25,7 @@ PNG ?= attention.png
 TORCH_CUDA ?=
 comma := ,
 
-.PHONY: help install demo prepare train average eval translate serve plot-attention export \
+.PHONY: help install demo prepare train average eval translate backtranslate serve plot-attention export \
 	export-hf test bench bench-data bench-decode bench-serve fault-drill gpu-check lint clean
 
 help: ## list the targets
@@ -68,6 +68,9 @@ eval: $(STAMP) ## translate the test split of RUN with beam search and score it 
 
 translate: $(STAMP) ## translate lines from stdin to stdout with the model in RUN
 	@$(BIN)/tmt-translate run_dir=$(RUN) $(ARGS)
+
+backtranslate: $(STAMP) ## RUN (the reverse direction) translates ARGS="input=mono.en output=bt": a synthetic corpus, resumable
+	$(BIN)/tmt-backtranslate run_dir=$(RUN) $(ARGS)
 
 serve: $(STAMP) ## an HTTP API and a page with attention pictures for RUN on 127.0.0.1:8000 (ARGS="port=...")
 	$(BIN)/tmt-serve run_dir=$(RUN) $(ARGS)

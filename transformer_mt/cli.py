@@ -27,6 +27,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 from transformer_mt.config import (
     CONFIG_DIR,
     AverageJob,
+    BacktranslateJob,
     EvalJob,
     ExportJob,
     ServeJob,
@@ -235,6 +236,16 @@ def translate_main(cfg: DictConfig) -> None:
         translate(as_job(cfg, TranslateJob))
 
     run_reporting_errors(task)
+
+
+@config_errors_exit_2
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="backtranslate")
+def backtranslate_main(cfg: DictConfig) -> None:
+    """tmt-backtranslate: monolingual text to a synthetic parallel corpus, in chunks that the
+    same command continues after a kill."""
+    from transformer_mt.commands.backtranslate import backtranslate
+
+    run_reporting_errors(lambda: backtranslate(as_job(cfg, BacktranslateJob)))
 
 
 @config_errors_exit_2

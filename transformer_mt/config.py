@@ -945,6 +945,39 @@ class TranslateJob(CheckpointSource):
 
 
 @dataclass(kw_only=True)
+class BacktranslateJob(CheckpointSource):
+    """`tmt-backtranslate`: monolingual text in the run's source language to a synthetic
+    parallel corpus for the reverse direction (the run's translations as its sources), written
+    in chunks that a rerun of the same command continues (docs/several-corpora.md)."""
+
+    input: str
+    """Monolingual text, one sentence a line, UTF-8, in the run's source language: the target
+    language of the model that the corpus will train."""
+    input_lang: str | None = None
+    """The input's language (null: the input file's suffix, as in mono.en); must be the run's
+    data.src_lang."""
+    output: str
+    """A folder for the corpus: `{split}.{input language}` (the input's lines) and
+    `{split}.{run's target language}` (their translations), with backtranslation.json (the run,
+    checkpoint, decoding settings and input that made it); `+data.corpora.NAME.dir=` it."""
+    split: str = "train"
+    """The corpus's split name, its files' prefix (a corpus's `split` key reads it)."""
+    chunk_lines: int = 2000
+    """Lines translated and written together: a kill or a full disk loses at most the chunk in
+    progress. Part of what the corpus is, with sampling (each chunk draws from decode.seed and
+    its number)."""
+
+    def validate(self) -> None:
+        super().validate()
+        _require(self.chunk_lines >= 1, "chunk_lines", f"must be >= 1, got {self.chunk_lines}")
+        _require(
+            re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.split) is not None,
+            "split",
+            f"must be a file name prefix (letters, digits, '_', '.', '-'), got {self.split!r}",
+        )
+
+
+@dataclass(kw_only=True)
 class AverageJob(SearchJob):
     """`tmt-average`: the mean of a run's newest checkpoints, for eval and translate. device and
     decode are used by last=auto alone: where and how the candidates translate the valid
@@ -1081,6 +1114,7 @@ def register_configs() -> None:
     store.store(name="train_schema", node=TrainJob)
     store.store(name="eval_schema", node=EvalJob)
     store.store(name="translate_schema", node=TranslateJob)
+    store.store(name="backtranslate_schema", node=BacktranslateJob)
     store.store(name="average_schema", node=AverageJob)
     store.store(name="export_schema", node=ExportJob)
     store.store(name="serve_schema", node=ServeJob)
@@ -1099,6 +1133,7 @@ COMMAND_SCHEMAS: dict[str, type[RunJob]] = {
     "train": TrainJob,
     "eval": EvalJob,
     "translate": TranslateJob,
+    "backtranslate": BacktranslateJob,
     "average": AverageJob,
     "export": ExportJob,
     "serve": ServeJob,
