@@ -1,0 +1,188 @@
+"""The back-translation experiment on Multi30k de→en: does a tagged synthetic corpus pay?
+
+    python -m benchmarks.backtranslation --data MULTI30K --workdir /tmp/bt \
+        | tee -a benchmarks/backtranslation.txt
+    python -m benchmarks.backtranslation --data MULTI30K --workdir /tmp/r --minutes 3  # rehearsal
+
+MULTI30K is a folder of {train,val,test_2016_flickr}.{de,en} (raw text). The training pairs
+are split in two halves, A and B, by a seeded permutation; only B's English is kept, as if it
+were monolingual text. Each system is trained with the README's CPU recipe (`--config-name
+multi30k`, its trainer.max_time_minutes set to --minutes for every run alike), its newest
+checkpoints averaged (`tmt-average last=auto`) and scored on test_2016_flickr
+(`tmt-eval checkpoint=averaged.pt decode.length_penalty=auto`):
+
+  (i)   de→en on A alone;
+  (ii)  en→de on A; its back-translation of B's English (`tmt-backtranslate`, beam search, or
+        --sample); de→en on A plus the back-translation, tagged <BT> (weight --bt-weight);
+  (iii) de→en on A plus B's real German (the ceiling).
+
+Runs go one at a time, through the real commands; every command is printed before it runs.
+Each step leaves its run folder in --workdir, and a rerun skips the steps whose results are
+there (a killed experiment continues). The report: each system's test BLEU, chrF and length
+ratio, the back-translation's own time and sentences/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.measure import report_header
+
+SPLITS = ("train", "val", "test_2016_flickr")
+RECIPE = ["--config-name", "multi30k", "data=multi30k_files_de_en"]
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--data", type=Path, required=True, help="the Multi30k raw text folder")
+    parser.add_argument("--workdir", type=Path, required=True, help="runs and corpora go here")
+    parser.add_argument("--minutes", type=float, default=25.0, help="each run's training time")
+    parser.add_argument("--seed", type=int, default=1, help="the split's and the runs' seed")
+    parser.add_argument("--bt-weight", type=float, default=1.0, help="the synthetic corpus's")
+    parser.add_argument("--sample", action="store_true", help="back-translate by sampling")
+    parser.add_argument(
+        "--limit", type=int, help="a rehearsal: only this many pairs of each half (and of val)"
+    )
+    return parser.parse_args()
+
+
+def bin_path(name: str) -> str:
+    return str(Path(sys.executable).parent / name)
+
+
+def run(command: list[str]) -> None:
+    print("$", shlex.join(command), flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+
+
+def split_halves(data: Path, work: Path, seed: int, limit: int | None) -> dict[str, Path]:
+    """Folders A and B (each the half's train.{de,en} with the whole val and test files; with
+    `limit`, that many pairs of each half and of val) and B's English alone, mono.en."""
+    folders = {name: work / name for name in ("A", "B")}
+    if all((folder / "train.en").is_file() for folder in folders.values()):
+        return folders | {"mono": work / "mono.en"}
+    lines = {
+        lang: (data / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        for lang in ("de", "en")
+    }
+    order = np.random.default_rng(seed).permutation(len(lines["de"]))
+    half = len(order) // 2
+    for name, rows in (("A", order[:half][:limit]), ("B", order[half:][:limit])):
+        folder = folders[name]
+        folder.mkdir(parents=True, exist_ok=True)
+        for lang in ("de", "en"):
+            text = "".join(lines[lang][i] + "\n" for i in sorted(rows))
+            (folder / f"train.{lang}").write_text(text, encoding="utf-8")
+            for split in SPLITS[1:]:
+                kept = (data / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+                if split == "val" and limit:
+                    kept = kept[:limit]
+                (folder / f"{split}.{lang}").write_text("".join(k + "\n" for k in kept), "utf-8")
+    (work / "mono.en").write_bytes((folders["B"] / "train.en").read_bytes())
+    return folders | {"mono": work / "mono.en"}
+
+
+def trained_and_scored(name: str, work: Path, args: argparse.Namespace, *overrides: str) -> dict:
+    """The recipe's run `name` (skipped when its scores are there), averaged and evaluated."""
+    run_dir = work / name
+    scores = run_dir / "scores.test.json"
+    if not scores.is_file():
+        started = time.perf_counter()
+        run(
+            [
+                bin_path("tmt-train"),
+                *RECIPE,
+                f"run_dir={run_dir}",
+                f"data.prepared_dir={work / 'prepared'}",
+                f"trainer.max_time_minutes={args.minutes}",
+                f"trainer.seed={args.seed}",
+                "trainer.keep_checkpoints=30",
+                "trainer.progress_bar=false",
+                *overrides,
+            ]
+        )
+        run([bin_path("tmt-average"), f"run_dir={run_dir}", "last=auto"])
+        run(
+            [
+                bin_path("tmt-eval"),
+                f"run_dir={run_dir}",
+                "checkpoint=averaged.pt",
+                "decode.length_penalty=auto",
+            ]
+        )
+        print(f"# {name}: {time.perf_counter() - started:.0f} s in all", flush=True)
+    return json.loads(scores.read_text())
+
+
+def backtranslated(work: Path, mono: Path, args: argparse.Namespace) -> tuple[Path, float]:
+    """B's English back-translated by the en→de run's averaged model; its seconds."""
+    output = work / "bt"
+    started = time.perf_counter()
+    sample = ["decode=sample", f"decode.seed={args.seed}"] if args.sample else []
+    run(
+        [
+            bin_path("tmt-backtranslate"),
+            f"run_dir={work / 'ii_en_de'}",
+            "checkpoint=averaged.pt",
+            f"input={mono}",
+            f"output={output}",
+            *sample,
+        ]
+    )
+    return output, time.perf_counter() - started
+
+
+def line(name: str, scores: dict) -> str:
+    """A system's test BLEU, chrF and length ratio (from sacreBLEU's detail line)."""
+    ratio = re.search(r"ratio = ([0-9.]+)", scores["bleu_detail"])
+    return (
+        f"{name:<30} BLEU {scores['bleu']:6.2f}  chrF {scores['chrf']:6.2f}  "
+        f"ratio {ratio.group(1) if ratio else '?'}  ({scores['bleu_detail']})"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    work = args.workdir.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    print("\n".join(report_header()), flush=True)
+    halves = split_halves(args.data.resolve(), work, args.seed, args.limit)
+    a, b = halves["A"], halves["B"]
+    results = {"(i) de-en, A": trained_and_scored("i_de_en_A", work, args, f"data.dir={a}")}
+    trained_and_scored(
+        "ii_en_de", work, args, f"data.dir={a}", "data.src_lang=en", "data.tgt_lang=de"
+    )
+    earlier = (work / "bt" / "backtranslation.json").is_file()
+    bt_folder, seconds = backtranslated(work, halves["mono"], args)
+    with open(halves["mono"], "rb") as mono:
+        lines = sum(1 for _ in mono)
+    corpus = f'+data.corpora.bt={{dir:"{bt_folder}",tag:"<BT>",weight:{args.bt_weight}}}'
+    results["(ii) de-en, A + BT(B) <BT>"] = trained_and_scored(
+        "ii_de_en_A_bt", work, args, f"data.dir={a}", corpus
+    )
+    real = f'+data.corpora.real={{dir:"{b}"}}'
+    results["(iii) de-en, A + B (real)"] = trained_and_scored(
+        "iii_de_en_A_B", work, args, f"data.dir={a}", real
+    )
+    if earlier:
+        print(f"# back-translation of {lines} sentences: made by an earlier run (see its log)")
+    else:
+        rate = lines / seconds
+        print(f"# back-translation of {lines} sentences: {seconds:.0f} s, {rate:.1f} sentences/s")
+    for name, scores in results.items():
+        print(line(name, scores))
+
+
+if __name__ == "__main__":
+    main()
