@@ -347,6 +347,13 @@ class DataConfig:
             )
             validate_weight_and_tag(corpus.weight, corpus.tag, key)
             dataclasses.replace(self.corpus(name), corpora={}).validate()
+        for language, tag in self.language_tags.items():
+            _require(
+                re.fullmatch(TAG_FORM, tag) is not None,
+                "data.tgt_lang" if language == self.tgt_lang else "data.corpora",
+                f"a target language's code makes its tag {tag}, which must be of the form "
+                f"{TAG_FORM} (letters, digits, '_', '-', ...), got {language!r}",
+            )
 
     def corpus_settings(self, name: str) -> CorpusConfig:
         """data.corpora.NAME as a CorpusConfig; ConfigError naming the key that is not one of
@@ -384,10 +391,25 @@ class DataConfig:
         )
 
     @property
+    def target_languages(self) -> list[str]:
+        """The corpora's target languages, each once, the main corpus's first."""
+        found = [self.corpus(name).tgt_lang for name in self.corpora]
+        return list(dict.fromkeys([self.tgt_lang, *found]))
+
+    @property
+    def language_tags(self) -> dict[str, str]:
+        """Where the corpora have several target languages, each one's tag (<2de> for de), put
+        first before every source of a corpus into that language; {} for one language."""
+        languages = self.target_languages
+        return {lang: f"<2{lang}>" for lang in languages} if len(languages) > 1 else {}
+
+    @property
     def tags(self) -> list[str]:
-        """Every corpus's tag, each once, in the order of the corpora (the main one first)."""
+        """Every tag, each once: the target languages' (where several), then each corpus's in
+        the order of the corpora (the main one first)."""
         found = [self.tag, *(self.corpus_settings(name).tag for name in self.corpora)]
-        return list(dict.fromkeys(tag for tag in found if tag is not None))
+        tags = [*self.language_tags.values(), *(tag for tag in found if tag is not None)]
+        return list(dict.fromkeys(tags))
 
 
 @dataclass(kw_only=True)

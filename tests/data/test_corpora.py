@@ -252,3 +252,23 @@ def test_a_bad_weight_tag_or_name_is_refused_by_its_key(tmp_path, override, key)
     with pytest.raises(ConfigError) as refused:
         job.validate()
     assert f"config key '{key}'" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_corpora_into_several_languages_put_their_language_tag_first(tmp_path, files_data):
+    cfg = files_data('+data.corpora.back={src_lang:de,tgt_lang:en,tag:"<BT>"}')
+    assert cfg.target_languages == ["de", "en"]
+    assert cfg.language_tags == {"de": "<2de>", "en": "<2en>"}
+    data = prepare_corpora(cfg)
+    processor = data.tokenizers.src.processor
+    ids = {tag: processor.piece_to_id(tag) for tag in ("<2de>", "<2en>", "<BT>")}
+    assert all(processor.is_control(i) for i in ids.values())
+    mix = CorpusMix.of(data, cfg)
+    prefixes = [p.store.src_prefix for p in mix.parts]
+    assert prefixes == [(ids["<2de>"],), (ids["<2en>"], ids["<BT>"])]
+    # the reversed corpus reads the main files the other way round
+    assert np.array_equal(data.extra[0].train.src[0], data.train.tgt[0])
+
+
+def test_one_target_language_has_no_language_tag(tmp_path, files_data):
+    cfg = files_data('+data.corpora.more={tag:"<BT>"}')
+    assert cfg.language_tags == {} and cfg.tags == ["<BT>"]

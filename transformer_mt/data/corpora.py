@@ -148,7 +148,8 @@ def check_tag_pieces(cfg: DataConfig, source: Tokenizer) -> None:
 
 @dataclass(frozen=True)
 class MixPart:
-    """One corpus in the mix: its store, its weight, the ids put before each source (its tag)."""
+    """One corpus in the mix: its store (with the ids put before each source: its target
+    language's tag, where the corpora have several, then its own tag), its weight."""
 
     name: str
     store: StoredSplit
@@ -174,20 +175,17 @@ class CorpusMix:
     def of(cls, data: PreparedData, cfg: DataConfig) -> CorpusMix:
         """The main corpus (data.*) first, then data.corpora in their order."""
         source = data.tokenizers.src.processor
-        named = [(cfg.name, data.folder, data.train, cfg.weight, cfg.tag)]
-        for corpus in data.extra:
-            settings = cfg.corpus_settings(corpus.name)
-            named.append((corpus.name, corpus.folder, corpus.train, settings.weight, settings.tag))
-        parts = [
-            MixPart(
-                name,
-                StoredSplit(folder, "train", () if tag is None else (source.piece_to_id(tag),)),
-                weight,
-                len(train),
+        languages = cfg.language_tags
+        named = [(cfg.name, data.folder, data.train, cfg)]
+        named += [(e.name, e.folder, e.train, cfg.corpus(e.name)) for e in data.extra]
+        parts = []
+        for name, folder, train, corpus in named:
+            tags = [languages.get(corpus.tgt_lang), corpus.tag]
+            prefix = tuple(source.piece_to_id(tag) for tag in tags if tag is not None)
+            parts.append(
+                MixPart(name, StoredSplit(folder, "train", prefix), corpus.weight, len(train))
             )
-            for name, folder, train, weight, tag in named
-        ]
-        return cls(parts, [train for _, _, train, _, _ in named])
+        return cls(parts, [train for _, _, train, _ in named])
 
     @property
     def stores(self) -> list[StoredSplit]:

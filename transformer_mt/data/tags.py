@@ -19,8 +19,17 @@ TAG_LIKE = re.compile(TAG_FORM)
 
 
 def tag_keys(cfg: DataConfig) -> dict[str, str]:
-    """Each tag with the config key that sets it (the first, where corpora share one)."""
-    keys = {} if cfg.tag is None else {cfg.tag: "data.tag"}
+    """Each tag with the config key that sets it (the first, where corpora share one): a target
+    language's (where there are several) by the key of its language."""
+    keys = {}
+    languages = cfg.language_tags
+    if languages:  # a language's tag, by the first corpus into it
+        keys[languages[cfg.tgt_lang]] = "data.tgt_lang"
+        for name in cfg.corpora:
+            tag = languages[cfg.corpus(name).tgt_lang]
+            keys.setdefault(tag, f"data.corpora.{name}.tgt_lang")
+    if cfg.tag is not None:
+        keys.setdefault(cfg.tag, "data.tag")
     for name in cfg.corpora:
         tag = cfg.corpus_settings(name).tag
         if tag is not None:
