@@ -18,7 +18,7 @@ from transformer_mt.checkpoint import (
     step_checkpoints,
 )
 from transformer_mt.commands.valid_choice import average_grid, choose_on_valid, valid_prefix
-from transformer_mt.config import AUTO, AverageJob, config_dict
+from transformer_mt.config import AUTO, AverageJob
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import prepare_process, resolve_device
 from transformer_mt.errors import ConfigError, DamagedCheckpoint
@@ -79,15 +79,18 @@ def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dic
     prepare_process(device)  # as tmt-eval's (decode/loading.py)
     unicode_form = run.data_config().unicode_form
 
+    searched = {}  # the settings as the searches ran them (Translator.settings_record)
+
     def translate(n: int) -> list[str]:
         model = model_from_checkpoint(average_checkpoints(newest[-n:]), newest[-1], tokenizers)
         translator = Translator.for_model(
             model, tokenizers, job.decode, device, unicode_form=unicode_form
         )
+        searched.update(translator.settings_record())
         return translator.translate(sources)
 
     choice = choose_on_valid("last", average_grid(len(newest)), translate, references)
     chosen = newest[-choice.chosen :]
     # Again: one candidate in memory at a time.
-    recorded = {**choice.to_json(), "decode": config_dict(job.decode)}
+    recorded = {**choice.to_json(), "decode": searched}
     return chosen, average_checkpoints(chosen, chosen_on_valid=recorded)

@@ -14,12 +14,7 @@ from transformer_mt.commands.valid_choice import (
     choose_on_valid,
     valid_prefix,
 )
-from transformer_mt.config import (
-    AUTO,
-    DecodeConfig,
-    EvalJob,
-    config_dict,
-)
+from transformer_mt.config import AUTO, DecodeConfig, EvalJob
 from transformer_mt.data.sources import corpus_identity, read_pairs
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
@@ -38,7 +33,8 @@ class EvalReport:
     sentences: int
     checkpoint: dict  # path, and the update it was written at
     data: str  # the corpus the split was read from
-    decode: dict  # the decode settings used, as plain values
+    decode: dict  # the decode settings used, as the search ran them (precision: what it
+    # computed in, 'fp32 (auto)')
     decode_seconds: float
     sacrebleu: SacreBleuScores
     tokenized: TokenizedBleu
@@ -106,7 +102,7 @@ def evaluate(job: EvalJob) -> EvalReport:
         sentences=len(sources),
         checkpoint=translator.origin,
         data=corpus_identity(data_cfg),
-        decode=config_dict(decode),
+        decode=translator.settings_record(decode),
         decode_seconds=round(seconds, 2),
         sacrebleu=sacrebleu_scores(hypotheses, references),
         tokenized=tokenized_bleu_scores(hypotheses, references, lang=data_cfg.tgt_lang),
