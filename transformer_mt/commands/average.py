@@ -22,6 +22,7 @@ from transformer_mt.config import AUTO, AverageJob
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import prepare_process, resolve_device
 from transformer_mt.errors import ConfigError, DamagedCheckpoint
+from transformer_mt.files import check_writable
 from transformer_mt.run_dir import RunDir
 
 
@@ -32,6 +33,7 @@ def average(job: AverageJob) -> tuple[list[Path], Path]:
     run = RunDir(job.run_dir)
     output = run.checkpoint(job.output)
     check_output(output, job.output, run)
+    check_writable(output, "config key 'output'")
     if job.last == AUTO:
         paths, state = best_average_on_valid(job, run)
     else:

@@ -18,6 +18,7 @@ from transformer_mt.config import AUTO, DecodeConfig, EvalJob
 from transformer_mt.data.sources import corpus_identity, read_pairs
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
+from transformer_mt.files import check_writable
 from transformer_mt.metrics import (
     SacreBleuScores,
     TokenizedBleu,
@@ -84,6 +85,8 @@ def evaluate(job: EvalJob) -> EvalReport:
     # auto: the translator's own alpha is never used; each call below names the one it tries.
     decode = dataclasses.replace(job.decode, length_penalty=0.0) if auto else job.decode
     run = RunDir(job.run_dir)
+    for written in (run.hypotheses_file(job.split), run.scores_file(job.split)):
+        check_writable(written, "tmt-eval")  # before the decoding
     data_cfg = run.data_config()
     translator = load_translator(run.path, job.checkpoint, decode=decode, device=job.device)
     choice = None
