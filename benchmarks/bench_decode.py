@@ -9,8 +9,8 @@ With the paper's decoding (beam 4, GNMT length penalty 0.6, max length = source 
   (a) ours: Translator (batched by length, KV cache, finished sentences leave the batch) in
       fp32, with the exact stopping rule (the default) and with CTranslate2's
       (decode.stop_early=true: a sentence ends once 4 hypotheses have finished), which is the
-      same work as (c); under bf16 autocast (decode.precision=bf16, what decode.precision=auto
-      searches in on a CPU with native bf16 products: the report's header says which); with
+      same work as (c); under bf16 autocast (decode.precision=bf16, faster on a CPU with native
+      bf16 products, the report's header says which; decode.precision=auto is fp32 on the CPU); with
       torch's F.linear in place of the default oneDNN prepacked weights (decode.cpu_linear=torch,
       CTranslate2's stopping rule); and with int8 weights (CTranslate2's stopping rule), beside
       (c) int8: decode.quantize=int8 (each row of a layer's input quantized from its own range,
@@ -81,8 +81,7 @@ from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 
 PAPER = DecodeConfig()  # beam 4, alpha 0.6, max length = source length + 50
-# Ours in fp32 by name (precision=auto is bf16 on a CPU that multiplies it natively), and in bf16
-# in a row of its own.
+# Ours in fp32 by name (precision=auto is bf16 on CUDA), and in bf16 in a row of its own.
 PAPER_FP32 = dataclasses.replace(PAPER, precision=Precision.fp32)
 OURS = "(a) ours (Translator, KV cache)"
 OURS_EARLY = "(a) ours, CTranslate2's stopping"

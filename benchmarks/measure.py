@@ -252,7 +252,8 @@ def report_header(title: str, device: torch.device | None = None) -> list[str]:
 
 def cpu_bf16_line() -> str:
     """What this CPU offers for bf16 products: its flags (Linux's /proc/cpuinfo), torch's checks,
-    and what precision=auto computes in on it (execution.autocast_dtype)."""
+    and whether bf16 products are native on it (execution.cpu_multiplies_bf16; precision=auto is
+    fp32 on every CPU: execution.autocast_dtype)."""
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "bf16")  # bf16: Arm's extension
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
@@ -269,9 +270,9 @@ def cpu_bf16_line() -> str:
         shown = "not readable here"
     onednn = torch.ops.mkldnn._is_mkldnn_bf16_supported()
     avx512_bf16 = torch.cpu._is_avx512_bf16_supported()
-    search = "bf16" if cpu_multiplies_bf16() else "fp32"
+    bf16 = "native" if cpu_multiplies_bf16() else "emulated"
     return (
         f"CPU flags: {shown}; torch: cpu._is_avx512_bf16_supported() {avx512_bf16}, "
-        f"mkldnn._is_mkldnn_bf16_supported() {onednn}; here decode.precision=auto searches in "
-        f"{search}, trainer.precision=auto trains in fp32"
+        f"mkldnn._is_mkldnn_bf16_supported() {onednn}; here bf16 products are {bf16}, and "
+        "precision=auto computes in fp32 (decode and trainer)"
     )

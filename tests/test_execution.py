@@ -35,20 +35,20 @@ def test_the_trainer_scales_its_loss_in_fp16_and_pins_batches_for_cuda(
     assert (policy.scales_loss, policy.pins_memory) == (scales, pins)
 
 
-@pytest.mark.parametrize(("native", "search"), [(True, torch.bfloat16), (False, None)])
-def test_precision_auto_searches_in_bf16_on_a_cpu_that_multiplies_it_natively_and_trains_in_fp32(
-    monkeypatch, native, search
-):
-    """The detection injected: a CPU reported with native bf16 products, and one without. A
-    search gains there; a training step does not at every width (execution.autocast_dtype)."""
+@pytest.mark.parametrize("native", [True, False])
+def test_precision_auto_computes_in_fp32_on_every_cpu_and_in_bf16_on_cuda(monkeypatch, native):
+    """The detection injected: a CPU reported with native bf16 products, and one without. On
+    both, auto searches and trains in fp32: a search in bf16 would make a translation depend on
+    its batch mates, and a training step does not gain at every width
+    (execution.autocast_dtype)."""
     monkeypatch.setattr(execution, "cpu_multiplies_bf16", lambda: native)
-    assert ExecutionPolicy.for_decoding(DecodeConfig(), CPU).dtype == search
-    assert ExecutionPolicy.for_decoding(DecodeConfig(precision=Precision.auto), CPU).dtype == search
+    assert ExecutionPolicy.for_decoding(DecodeConfig(), CPU).dtype is None
+    assert ExecutionPolicy.for_decoding(DecodeConfig(precision=Precision.auto), CPU).dtype is None
     for config in (TrainerConfig(), TrainerConfig(precision=Precision.auto)):
         assert ExecutionPolicy.for_training(config, CPU).dtype is None
-    # fp32 forces fp32 back; bf16 asks for it; int8 weights compute in fp32; CUDA's auto is
-    # bf16 on any host.
-    assert ExecutionPolicy.for_decoding(DecodeConfig(precision=Precision.fp32), CPU).dtype is None
+    # bf16 asks for it; int8 weights compute in fp32; CUDA's auto is bf16 on any host.
+    bf16 = DecodeConfig(precision=Precision.bf16)
+    assert ExecutionPolicy.for_decoding(bf16, CPU).dtype == torch.bfloat16
     assert ExecutionPolicy.for_decoding(DecodeConfig(quantize=CpuLinear.int8), CPU).dtype is None
     bf16 = TrainerConfig(precision=Precision.bf16)
     assert ExecutionPolicy.for_training(bf16, CPU).dtype == torch.bfloat16
@@ -63,7 +63,7 @@ def test_the_cpus_bf16_products_are_asked_of_the_instructions_not_of_onednns_emu
     slower than fp32: the detection asks for AVX512-BF16 itself, once, and logs its answer."""
     monkeypatch.setattr(execution.platform, "machine", lambda: "x86_64")
     monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
-    for native, said in ((False, "lacks AVX512-BF16"), (True, "has AVX512-BF16: decode")):
+    for native, said in ((False, "lacks AVX512-BF16"), (True, "has AVX512-BF16: precision=bf16")):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda n=native: n)
         detected_native_bf16.cache_clear()
         with caplog.at_level("INFO", logger="transformer_mt.execution"):

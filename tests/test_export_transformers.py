@@ -4,6 +4,7 @@ translates as our model does. Skipped only where transformers is not installed (
 installs it with the `hf` extra)."""
 
 import dataclasses
+import errno
 import json
 import os
 import re
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from transformer_mt import cli
 from transformer_mt.commands.evaluate import evaluate
 from transformer_mt.commands.export import export
 from transformer_mt.config import (
@@ -234,6 +236,27 @@ def test_separate_vocabularies_are_two_tables_in_marian(separate, tmp_path):
     target_ids = tokenizer(text_target=german)["input_ids"]  # target.spm and target_vocab.json
     assert target_ids == [ids + [EOS_ID] for ids in separate.tgt.encode(german)]
     assert tokenizer.batch_decode(target_ids, skip_special_tokens=True) == german
+
+
+def test_a_full_disk_is_the_os_error_it_quotes_and_leaves_nothing(separate, tmp_path, monkeypatch):
+    """Issue 66: on a full disk safetensors raised its own SafetensorError (not an OSError), a
+    21-line traceback. Now it is the OSError it quotes, which the CLI says in its one disk-full
+    line, and the folder written beside is gone. The writer raises what a full disk gave
+    (safetensors 0.8 on a 64 KiB tmpfs)."""
+    from safetensors import SafetensorError
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+    output = tmp_path / "hf"
+    with pytest.raises(OSError) as full:
+        export_model(random_model(src_vocab_size=400), separate, output, card=untrained_card())
+    assert full.value.errno == errno.ENOSPC
+    assert "the disk is full (No space left on device writing" in cli.os_error_line(full.value)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_marian_order_turns_our_positions_into_marians():

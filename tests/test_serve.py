@@ -170,7 +170,8 @@ def test_the_page_and_health(client, translator):
     assert health["model"] == {"checkpoint": "last.pt", "step": 30}  # ...the server shows no path
     assert checkpoint not in page.text + json.dumps(health)
     shown = dataclasses.replace(DecodeConfig(), batch_tokens=4000)  # null: the CPU's budget
-    assert health["decode"] == json.loads(json.dumps(dataclasses.asdict(shown)))
+    settings = json.loads(json.dumps(dataclasses.asdict(shown)))
+    assert health["decode"] == settings | {"precision": "fp32 (auto)"}  # what auto chose
 
 
 def test_a_sampling_request_is_decided_by_its_own_seed(client, translator):

@@ -15,10 +15,12 @@ import pytest
 import torch
 import yaml
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
 from toy_runs import TINY_TRAIN, write_toy_files
 
 from transformer_mt.config import CONFIG_DIR, compose_job
 from transformer_mt.run_dir import RunDir
+from transformer_mt.sweeps import swept_keys, varies_per_job
 
 BIN = Path(sys.executable).parent
 
@@ -199,3 +201,92 @@ def test_hydra_runtime_in_paths_names_a_folder_or_file_per_job_and_a_rerun_resum
     assert done.returncode == 0, done.stderr[-3000:]
     for beam in (1, 2):
         assert len((tmp_path / f"o.{beam}.txt").read_text().splitlines()) == 2
+
+
+def test_an_output_names_a_file_per_job_only_through_what_the_sweep_varies():
+    """Issue 66: `output=${run_dir}/o.txt` passed the check as an interpolation, although
+    run_dir is the same for every job. Now a value names a file per job where it reaches,
+    through its interpolations, Hydra's runtime for the job or a key the sweep varies."""
+    cfg = OmegaConf.create(
+        {
+            "run_dir": "runs/x",
+            "per_beam": "runs/${decode.beam_size}",
+            "decode": {"beam_size": 4},
+            "output": None,
+        }
+    )
+    swept = swept_keys(["run_dir=runs/x", "decode.beam_size=1,4", "output=o.txt"])
+    assert swept == {"decode.beam_size"}
+    assert swept_keys(["a=1"], {"b": "choice(1,2)", "c": "3"}) == {"b"}  # a sweeper's params
+    cases = {
+        "o.txt": False,
+        "${run_dir}/o.txt": False,
+        "${oc.env:HOME}/o.txt": False,
+        "o.${decode.beam_size}.txt": True,
+        "${per_beam}/o.txt": True,  # through another key
+        "o.${hydra:job.num}.txt": True,
+        "out/${hydra:job.override_dirname}.txt": True,
+    }
+    for written, per_job in cases.items():
+        cfg.output = written
+        assert varies_per_job(cfg, "output", swept) is per_job, written
+    assert varies_per_job(cfg, "output", {"output"})  # output=a.txt,b.txt: swept itself
+
+
+def sweep_commands(run: Path, tmp_path: Path, *commands: list[str]) -> list:
+    """Each of `commands` (`tmt-eval ...`, `tmt-translate ...`) with -m and run_dir=run, started
+    at once (each spends most of its time starting, on one core) in a working folder of their
+    own, which holds in.txt; their results, and the folder."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "in.txt").write_text("a b c\nd e\n")
+    started = [
+        start_tmt(command, "-m", f"run_dir={run}", *args, cwd=work) for command, *args in commands
+    ]
+    return [finished(process) for process in started], work
+
+
+# An untrained model's greedy search, cut short.
+SHORT = ["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=5"]
+
+
+def test_eval_and_translate_sweeps_refuse_a_file_every_job_would_write(one_update_run, tmp_path):
+    """Issue 66: `tmt-eval -m run_dir=R decode.beam_size=1,4` had both jobs write
+    R/scores.test.json (the last one won), and `tmt-translate -m ... output=${run_dir}/o.txt`
+    both write R/o.txt; each left multirun/DATE/TIME in the working folder. Now both are refused
+    in one line before anything is written, and no sweep folder is left."""
+    beams = "decode.beam_size=1,2"
+    (refused_eval, refused_translate), work = sweep_commands(
+        one_update_run,
+        tmp_path,
+        ["tmt-eval", beams],
+        ["tmt-translate", "input=in.txt", beams, "output=${run_dir}/o.txt"],
+    )
+    shared = f"config key 'output': under -m every job would write {one_update_run}/o.txt"
+    for refused, said in (
+        (refused_eval, "tmt-eval -m: every job would write"),
+        (refused_translate, shared),
+    ):
+        lines = [line for line in refused.stderr.splitlines() if "][ERROR]" in line]
+        assert refused.returncode == 2 and len(lines) == 1, refused.stderr
+        assert said in lines[0] and "the sweep varies decode.beam_size" in lines[0]
+        assert "Traceback" not in refused.stderr
+    assert not (one_update_run / "o.txt").exists()
+    assert not list(one_update_run.glob("scores.*")) and not list(one_update_run.glob("hypo*"))
+    assert sorted(p.name for p in work.iterdir()) == ["in.txt"]
+
+
+def test_eval_and_translate_sweeps_of_a_file_per_job_run(one_update_run, tmp_path):
+    """A sweep of split (or run_dir) evaluates, a sweep of the output itself translates, and
+    no sweep folder is left in the working folder."""
+    done, work = sweep_commands(
+        one_update_run,
+        tmp_path,
+        ["tmt-eval", "split=valid,test", *SHORT],
+        ["tmt-translate", "input=in.txt", *SHORT, "output=a.txt,b.txt"],
+    )
+    for result in done:
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert (one_update_run / "scores.valid.json").is_file()
+    assert (one_update_run / "scores.test.json").is_file()
+    assert sorted(p.name for p in work.iterdir()) == ["a.txt", "b.txt", "in.txt"]

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from transformer_mt.config import (
@@ -37,9 +37,9 @@ from transformer_mt.config import (
     config_error_line,
     register_configs,
 )
-from transformer_mt.errors import TransformerMTError
+from transformer_mt.errors import Stopped, TransformerMTError
 from transformer_mt.run_dir import RunDir
-from transformer_mt.sweeps import check_job_paths
+from transformer_mt.sweeps import check_evaluation_paths, check_job_paths, swept_keys
 
 log = logging.getLogger("transformer_mt")
 CONFIG_PATH = str(CONFIG_DIR)
@@ -105,17 +105,45 @@ def run_reporting_errors(task: Callable[[], object]) -> object:
         log.debug("the error's origin (hydra.verbose=true shows this):", exc_info=error)
         sys.exit(2)
     except OSError as error:
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        line = os_error_line(error)
+        if line is None:
             raise
-        # Every file is written beside its target and renamed when complete, so a full disk
-        # leaves the previous version of whatever was being written.
-        where = f" writing {error.filename}" if error.filename else ""
-        log.error(
-            "the disk is full (%s%s): nothing was left half-written; free space and rerun",
-            error.strerror,
-            where,
-        )
+        log.error("%s", line)
         sys.exit(2)
+    except Stopped as stopped:  # a command with nothing to save (tmt-translate)
+        log.error("%s: nothing was left half-written", stopped)
+        sys.exit(128 + stopped.signum)
+
+
+def os_error_line(error: OSError) -> str | None:
+    """The one line for a file system that refuses a write (full, read-only, not ours to
+    write); None for any other OSError (a crash: its traceback). Every file is written beside
+    its target and renamed when complete, so the previous version of whatever was being
+    written is left as it was."""
+    where = f" writing {error.filename}" if error.filename else ""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"the disk is full ({error.strerror}{where}): nothing was left half-written; free "
+            "space and rerun"
+        )
+    if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        what = f": {error.filename}" if error.filename else ""
+        return (
+            f"{error.strerror}{what}: nothing was left half-written; name a writable place, or "
+            "make this one writable, and rerun"
+        )
+    return None
+
+
+def sweep_keys(hydra_cfg: DictConfig) -> set[str]:
+    """The keys the running sweep varies (sweeps.swept_keys): of the command line's overrides,
+    read as hydra.main read them (Hydra's own argument parser: a job's config keeps its own
+    values only), and of the sweeper's params."""
+    from hydra._internal.utils import get_args_parser
+
+    overrides = get_args_parser().parse_known_args(sys.argv[1:])[0].overrides
+    params = OmegaConf.select(hydra_cfg, "sweeper.params", default=None)
+    return swept_keys(overrides, OmegaConf.to_container(params) if params else None)
 
 
 @config_errors_exit_2
@@ -218,6 +246,11 @@ def evaluate_main(cfg: DictConfig) -> None:
     from transformer_mt.commands.evaluate import evaluate
 
     def task() -> None:
+        hydra_cfg = HydraConfig.get()
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        check_job_paths(cfg, multirun=multirun)
+        if multirun:  # every job writes into its run_dir
+            check_evaluation_paths(cfg, sweep_keys(hydra_cfg))
         print(evaluate(as_job(cfg, EvalJob)).format())
 
     run_reporting_errors(task)
@@ -231,8 +264,10 @@ def translate_main(cfg: DictConfig) -> None:
     from transformer_mt.commands.translate import translate
 
     def task() -> None:
-        multirun = HydraConfig.get().mode == RunMode.MULTIRUN
-        check_job_paths(cfg, multirun=multirun, outputs=("output", "attention"))
+        hydra_cfg = HydraConfig.get()
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        swept = sweep_keys(hydra_cfg) if multirun else set()
+        check_job_paths(cfg, multirun=multirun, outputs=("output", "attention"), swept=swept)
         translate(as_job(cfg, TranslateJob))
 
     run_reporting_errors(task)

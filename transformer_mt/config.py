@@ -734,9 +734,12 @@ class DecodeConfig:
     order for the device; [default]: torch's own choice); a CTranslate2 export has its own. On
     the CPU the decoder's steps (one query row each) use none: model.attend_few_queries."""
     precision: Precision = Precision.auto
-    """What our model computes in while it searches: auto (bf16 autocast on CUDA and on a CPU
-    that multiplies bf16 natively, fp32 elsewhere; fp32 with decode.quantize=int8), fp32, or
-    bf16 (autocast, on any device; on a CPU without bf16 instructions it is slower). fp32 on
+    """What our model computes in while it searches: auto (bf16 autocast on CUDA, fp32 on every
+    CPU, so that a translation does not depend on the sentences batched with it; fp32 with
+    decode.quantize=int8), fp32, or bf16 (autocast, on any device: faster on a CPU that
+    multiplies bf16 natively, slower on others, and on the CPU a sentence's translation then
+    depends on the sentences batched with it, in a file and in the server alike, as with
+    decode.quantize=int8_batch; execution.autocast_dtype says why). fp32 on
     CUDA multiplies matrices in TF32 (torch.backends.cuda.matmul.allow_tf32, which tmt-eval,
     tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit mantissa inputs,
     float32 sums). It holds inside an enclosing autocast too. A CTranslate2 export computes in

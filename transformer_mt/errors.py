@@ -1,5 +1,7 @@
 """Exceptions with messages a user can act on; only the CLI turns them into exit codes."""
 
+import signal
+
 
 class TransformerMTError(Exception):
     """Base class: a user-facing problem (bad input, bad config, missing file)."""
@@ -21,6 +23,20 @@ class DamagedCheckpoint(CheckpointError):
     """A checkpoint file whose content is not a checkpoint of ours (truncated, corrupt, foreign):
     reading it again gives the same. A read that failed (an OSError, memory) is a plain
     CheckpointError: the file may be whole."""
+
+
+class Stopped(BaseException):
+    """A stop signal (SIGTERM, SIGINT, SIGHUP) ended a command that has nothing to save, raised
+    where its work was so that what it was writing is cleaned up on the way out. Not an
+    Exception, as KeyboardInterrupt is not: no `except Exception` holds it up. The CLI ends with
+    128 + the signal's number, as a shell reports a process the signal ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+    def __str__(self) -> str:
+        return f"stopped by {signal.Signals(self.signum).name}"
 
 
 class OutOfMemory(TransformerMTError):

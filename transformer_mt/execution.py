@@ -191,7 +191,7 @@ class ExecutionPolicy:
         """The training step's policy (trainer.precision, sdpa_backends, compile, cpu_linear);
         ConfigError naming the key for a setting that cannot be (the decision logged)."""
         validate_sdpa_device(trainer.sdpa_backends, "trainer.sdpa_backends", device.type)
-        dtype = autocast_dtype(device, trainer.precision, searching=False)
+        dtype = autocast_dtype(device, trainer.precision)
         compiles = should_compile(trainer.compile, device)
         onednn_products = (
             device.type == "cpu"
@@ -225,7 +225,7 @@ class ExecutionPolicy:
             )
         # int8 weights compute in fp32 (decode.precision=bf16 with them is refused by its check)
         quantized = decode.quantize != CpuLinear.none
-        dtype = None if quantized else autocast_dtype(device, decode.precision, searching=True)
+        dtype = None if quantized else autocast_dtype(device, decode.precision)
         products = CpuLinear.torch
         if device.type == "cpu" and dtype is None:
             if decode.quantize != CpuLinear.none:
@@ -357,26 +357,30 @@ def decode_batch_tokens(device: torch.device) -> int:
     return DECODE_BATCH_TOKENS.get(device.type, DECODE_BATCH_TOKENS["cpu"])
 
 
-def autocast_dtype(
-    device: torch.device, precision: Precision, *, searching: bool
-) -> torch.dtype | None:
-    """What autocast computes in for trainer.precision (searching=False) or decode.precision
-    (searching=True) on `device`: fp16 or bf16 when asked for; by default (auto) bf16 on CUDA,
-    and on a CPU that multiplies bf16 natively (`cpu_multiplies_bf16`) for searches only; None
-    (fp32) elsewhere. The one place where precision=auto is decided.
+def autocast_dtype(device: torch.device, precision: Precision) -> torch.dtype | None:
+    """What autocast computes in for trainer.precision or decode.precision on `device`: fp16 or
+    bf16 when asked for; by default (auto) bf16 on CUDA, None (fp32) elsewhere. The one place
+    where precision=auto is decided, for training and searching alike.
 
-    Measured on such a CPU (docs/results.md, bf16 on the CPU): a beam search in bf16 took 0.74x
-    fp32's time with the small model and about 0.83x with the demo one, at the same BLEU; a
-    training step went 0.73x as fast with the demo model, 1.1x with the small one and 1.55x
-    with base. So training keeps fp32 on the CPU unless trainer.precision=bf16 asks."""
+    The CPU keeps fp32 also where it multiplies bf16 natively (`cpu_multiplies_bf16`). A search
+    in bf16 took 0.74x fp32's time there with the small model and about 0.83x with the demo one,
+    at the same BLEU (docs/results.md, bf16 on the CPU), but a sentence's translation then
+    depends on the sentences batched with it: bf16 rounds each product to 8 bits, and the
+    batch's shape decides how the kernels sum them (2 of 100 toy test sentences changed when
+    translated alone, 2 of 40 server answers between one request and concurrent ones; 0 in
+    fp32). tmt-translate, tmt-eval and tmt-serve promise translations independent of their batch
+    mates by default, so bf16 is asked for by name (decode.precision=bf16, logged as
+    batch-dependent: decode/translator.describe_precision). A training step went 0.73x as fast
+    in bf16 with the demo model, 1.1x with the small one and 1.55x with base, so training keeps
+    fp32 on the CPU unless trainer.precision=bf16 asks. CUDA's auto stays bf16: its kernels are
+    chosen by shape in any precision (TF32 for fp32's products), so a translation there matches
+    its batch mates' only up to float rounding whatever decode.precision says."""
     if precision == Precision.fp16:
         return torch.float16
     if precision == Precision.bf16:
         return torch.bfloat16
     if precision == Precision.auto and device.type == "cuda":
         return torch.bfloat16
-    if precision == Precision.auto and device.type == "cpu" and cpu_multiplies_bf16():
-        return torch.bfloat16 if searching else None
     return None
 
 
@@ -385,7 +389,9 @@ def cpu_multiplies_bf16() -> bool:
     """Whether this CPU multiplies bf16 in hardware, decided once a process and logged with its
     reason: AVX512-BF16 on x86 (AMX-BF16 CPUs have it too), the BF16 extension on Arm (torch's
     oneDNN check, which there asks for it). Not that oneDNN check on x86: it is True on any
-    AVX512-BW CPU, where oneDNN emulates bf16 products, slower than fp32 ones."""
+    AVX512-BW CPU, where oneDNN emulates bf16 products, slower than fp32 ones. What it decides:
+    whether a search asked to compute in bf16 by name is faster than fp32 here (the log of
+    decode/translator.describe_precision); precision=auto is fp32 on every CPU."""
     machine = platform.machine().lower()
     if machine in ("x86_64", "amd64"):
         native, instructions = torch.cpu._is_avx512_bf16_supported(), "AVX512-BF16"
@@ -395,13 +401,13 @@ def cpu_multiplies_bf16() -> bool:
         native, instructions = False, "native bf16 products"
     if native:
         log.info(
-            "this CPU has %s: decode.precision=auto searches in bf16 on it; "
-            "trainer.precision=auto trains in fp32 (trainer.precision=bf16 is faster for wide "
-            "models, slower for narrow ones: docs/results.md, bf16 on the CPU)",
+            "this CPU has %s: precision=bf16 is faster than fp32 for searches and wide models' "
+            "training steps, slower for narrow models' (docs/results.md, bf16 on the CPU); "
+            "precision=auto computes in fp32",
             instructions,
         )
     else:
-        log.info("this CPU lacks %s: precision=auto computes in fp32 on it", instructions)
+        log.info("this CPU lacks %s: bf16 is emulated on it, slower than fp32", instructions)
     return native
 
 

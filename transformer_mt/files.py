@@ -3,6 +3,7 @@ rename; and folders replaced only when they are ours to replace."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import secrets
@@ -18,13 +19,22 @@ PARTIAL_SUFFIX = ".tmp"
 writers of one file never share one); `remove_partial_writes` finds them."""
 
 
+def written_path(path: Path) -> Path:
+    """The file that writing `path` writes: a symbolic link's target (followed to its end, even
+    where that does not exist yet), so that the link stays a link; `path` itself otherwise."""
+    return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
 @contextmanager
 def replacing(path: Path, *, durable: bool = False) -> Iterator[Path]:
-    """Yield a temporary path beside `path`; when the block succeeds, rename it over `path`.
+    """Yield a temporary path beside `path` (beside a symbolic link's target: `written_path`);
+    when the block succeeds, rename it over `path`. A rename replaces what it names, so a link
+    renamed over would become a plain file and its target keep the old content.
 
     The temporary file is removed if the block fails. durable: fsync the file before the rename
     and the folder after it (checkpoints: a power cut must leave the old file or the whole new
     one, never a renamed but empty file)."""
+    path = written_path(path)
     temporary = path.with_name(f".{path.name}.{secrets.token_hex(4)}{PARTIAL_SUFFIX}")
     try:
         yield temporary
@@ -36,6 +46,31 @@ def replacing(path: Path, *, durable: bool = False) -> Iterator[Path]:
             fsync_path(path.parent)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+class NotWritable(TransformerMTError):
+    """A command's output cannot be written where it would go: found before the work."""
+
+
+def check_writable(path: Path, what: str) -> None:
+    """NotWritable, one line naming `what` (the key or file) and the folder, unless `path` can be
+    written as `replacing` and `replacing_folder` write it: a new entry in its folder (or, for a
+    folder still to be made, in the nearest one that exists), renamed over it. Checked before
+    the work, so that a read-only run folder costs no decoding. os.access answers for the
+    process's user and the mount: root may write where the mode says no, but not on a read-only
+    file system. What it cannot foresee (a network file system's own rules) fails when written,
+    in one line too (cli.py)."""
+    folder = written_path(path).parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if os.access(folder, os.W_OK | os.X_OK):
+        return
+    read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    why = "is on a read-only file system" if read_only else "may not be written by this user"
+    raise NotWritable(
+        f"{what}: {path} cannot be written: {folder} {why}; nothing was written (name a "
+        "writable place, or copy the run folder to one)"
+    )
 
 
 def fsync_path(path: Path) -> None:
@@ -88,13 +123,36 @@ def link_atomically(source: Path, target: Path) -> None:
 
 def remove_partial_writes(folder: Path, owned: Callable[[str], bool] = lambda name: True):
     """Delete the temporary files of writes that a killed process never finished, of the targets
-    whose name `owned` accepts (another command may be writing the others right now)."""
-    partial = [
-        path for path in sorted(folder.glob(f".*{PARTIAL_SUFFIX}")) if owned(target_of(path))
-    ]
-    for path in partial:
-        path.unlink(missing_ok=True)
-    return partial
+    whose name `owned` accepts (another command may be writing the others right now), but for
+    those a running writer holds (`lock_while_written`: the OS releases the lock when the writer
+    ends, however it ends)."""
+    removed = []
+    for path in sorted(folder.glob(f".*{PARTIAL_SUFFIX}")):
+        if owned(target_of(path)) and remove_unless_written(path):
+            removed.append(path)
+    return removed
+
+
+def lock_while_written(handle) -> None:
+    """Mark an open temporary file as being written, for as long as this process holds it open:
+    `remove_partial_writes` then leaves it to its writer (a command without a run folder's lock,
+    tmt-translate, may meet another writing the same output)."""
+    fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def remove_unless_written(path: Path) -> bool:
+    """Delete the temporary `path` unless a running writer holds it (`lock_while_written`);
+    whether it was deleted."""
+    try:
+        with open(path, "rb") as handle:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            path.unlink(missing_ok=True)  # while locked: no writer takes it in between
+    except FileNotFoundError:  # removed meanwhile (renamed into place, or by another cleaner)
+        return False
+    return True
 
 
 def target_of(partial: Path) -> str:

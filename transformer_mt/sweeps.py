@@ -1,6 +1,13 @@
 """What Hydra's multirun (`-m`: a sweep, a sweeper such as Optuna, a launcher such as submitit)
 needs from the commands: where each job's run folder is, and no output file shared by jobs.
 
+An output is a file per job where its value, followed through its interpolations, reaches
+Hydra's runtime for the job (${hydra:job.num}, job.id, job.override_dirname) or a key the
+sweep varies (`varies_per_job`): `output=o.${decode.beam_size}.txt` under `decode.beam_size=1,4`,
+not `output=${run_dir}/o.txt` with one run_dir. tmt-translate and tmt-eval keep Hydra's sweep
+folder (its multirun.yaml and a folder per job, which they leave empty) in a temporary folder
+removed when the process ends (`scratch_sweep_dir`), not in the working folder.
+
 Each training job of a sweep trains in Hydra's folder for the job (hydra.sweep.dir and
 hydra.sweep.subdir, set in configs/run_folder.yaml through the resolvers below):
 - `<run_dir>-sweep/<job number>` by default;
@@ -14,8 +21,15 @@ hydra.sweep.subdir, set in configs/run_folder.yaml through the resolvers below):
 
 from __future__ import annotations
 
+import atexit
+import functools
 import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterable
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_mt.errors import ConfigError
@@ -50,20 +64,76 @@ def sweep_subdir(job_num: int, *, _root_: DictConfig) -> str:
     return os.path.relpath(str(_root_.run_dir), str(_root_.hydra.sweep.dir))
 
 
+@functools.cache  # one folder a process: Hydra resolves it for the sweep and for each job
+def scratch_sweep_dir() -> str:
+    """The resolver ${tmt.scratch_sweep_dir:}: hydra.sweep.dir of tmt-translate and tmt-eval,
+    whose jobs write only the files they name. A temporary folder, removed when the process
+    ends."""
+    folder = tempfile.mkdtemp(prefix="tmt-sweep-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
+
+
 def register_resolvers() -> None:
     OmegaConf.register_new_resolver("tmt.sweep_dir", sweep_dir, replace=True)
     OmegaConf.register_new_resolver("tmt.sweep_subdir", sweep_subdir, replace=True)
+    OmegaConf.register_new_resolver("tmt.scratch_sweep_dir", scratch_sweep_dir, replace=True)
 
 
 SWEEP_ONLY = ("${hydra:job.num}", "${hydra:job.id}")
 """Hydra's runtime values that exist only under -m (outside a sweep they resolve to None)."""
 
 
-def check_job_paths(cfg: DictConfig, *, multirun: bool, outputs: tuple[str, ...] = ()) -> None:
+PER_JOB = ("hydra:job.num", "hydra:job.id", "hydra:job.override_dirname")
+"""Hydra's runtime values that differ from job to job of a sweep."""
+INTERPOLATION = re.compile(r"\$\{([^${}]+)\}")
+
+
+def swept_keys(overrides: Iterable[str], params: dict | None = None) -> set[str]:
+    """The keys a sweep gives each job a value of its own: those of its sweep overrides
+    (`decode.beam_size=1,4`, `range(...)`, `choice(...)`) among `overrides` (the command
+    line's) and `params` (hydra.sweeper.params: the basic sweeper's, Optuna's)."""
+    written = [*overrides, *(f"{key}={value}" for key, value in (params or {}).items())]
+    parsed = OverridesParser.create().parse_overrides(written)
+    return {override.key_or_group for override in parsed if override.is_sweep_override()}
+
+
+def varies_per_job(cfg: DictConfig, key: str, swept: set[str], depth: int = 0) -> bool:
+    """Whether `key`'s value differs from job to job: it is swept, or its value as written
+    reaches, through its interpolations, Hydra's runtime for the job or a swept key."""
+    if key in swept:
+        return True
+    written = written_value(OmegaConf.to_container(cfg, resolve=False), key)
+    for reference in INTERPOLATION.findall(written if isinstance(written, str) else ""):
+        reference = reference.strip()
+        if reference in PER_JOB:
+            return True
+        is_key = ":" not in reference  # another resolver gives every job the same value
+        if is_key and depth < 16 and varies_per_job(cfg, reference, swept, depth + 1):
+            return True
+    return False
+
+
+def written_value(tree: dict, key: str):
+    """The value of a dotted `key` in a config container, as written (None: no such key)."""
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def check_job_paths(
+    cfg: DictConfig,
+    *,
+    multirun: bool,
+    outputs: tuple[str, ...] = (),
+    swept: set[str] = frozenset(),
+) -> None:
     """Outside a sweep, no value may use a job's number (`runs/None` is no folder anyone
-    meant); under -m, each of `outputs` (output files) that is set must name a file per job:
-    written as an interpolation (of the job's number or of a swept key), not one path every job
-    would write in turn, the last one winning."""
+    meant); under -m, each of `outputs` (output files) that is set must name a file per job
+    (`varies_per_job`, `swept` the sweep's keys), not one path every job would write in turn,
+    the last one winning."""
     if not multirun:
         for key, value in written_values(OmegaConf.to_container(cfg, resolve=False)):
             for part in SWEEP_ONLY:
@@ -74,13 +144,30 @@ def check_job_paths(cfg: DictConfig, *, multirun: bool, outputs: tuple[str, ...]
                     )
         return
     for key in outputs:
-        if cfg.get(key) is not None and not OmegaConf.is_interpolation(cfg, key):
-            stem, suffix = os.path.splitext(str(cfg[key]))
+        if cfg.get(key) is not None and not varies_per_job(cfg, key, swept):
+            stem, suffix = os.path.splitext(os.path.basename(str(cfg[key])))
             raise ConfigError(
                 f"config key '{key}': under -m every job would write {cfg[key]} and the last one "
-                f"would win; name a file per job, e.g. '{key}={stem}.${{hydra:job.num}}{suffix}' "
-                f"or '{key}=${{run_dir}}/{os.path.basename(str(cfg[key]))}'"
+                f"would win ({sweeping(swept)}); name a file per job, e.g. "
+                f"'{key}={stem}.${{hydra:job.num}}{suffix}' or "
+                f"'{key}=${{hydra:job.override_dirname}}{suffix}'"
             )
+
+
+def check_evaluation_paths(cfg: DictConfig, swept: set[str]) -> None:
+    """Under -m, tmt-eval's jobs write scores.SPLIT.json and hypotheses.SPLIT.txt into run_dir:
+    a file per job only where run_dir or split varies from job to job."""
+    if varies_per_job(cfg, "run_dir", swept) or varies_per_job(cfg, "split", swept):
+        return
+    raise ConfigError(
+        f"tmt-eval -m: every job would write {cfg.run_dir}/scores.{cfg.split}.json and "
+        f"hypotheses.{cfg.split}.txt and the last one would win ({sweeping(swept)}); sweep "
+        "run_dir or split, or run one tmt-eval for each setting"
+    )
+
+
+def sweeping(swept: set[str]) -> str:
+    return f"the sweep varies {', '.join(sorted(swept))}" if swept else "the sweep varies no key"
 
 
 def written_values(tree, prefix: str = ""):

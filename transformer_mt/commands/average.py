@@ -18,10 +18,11 @@ from transformer_mt.checkpoint import (
     step_checkpoints,
 )
 from transformer_mt.commands.valid_choice import average_grid, choose_on_valid, valid_prefix
-from transformer_mt.config import AUTO, AverageJob, config_dict
+from transformer_mt.config import AUTO, AverageJob
 from transformer_mt.decode.translator import Translator
 from transformer_mt.device import prepare_process, resolve_device
 from transformer_mt.errors import ConfigError, DamagedCheckpoint
+from transformer_mt.files import check_writable
 from transformer_mt.run_dir import RunDir
 
 
@@ -32,6 +33,7 @@ def average(job: AverageJob) -> tuple[list[Path], Path]:
     run = RunDir(job.run_dir)
     output = run.checkpoint(job.output)
     check_output(output, job.output, run)
+    check_writable(output, "config key 'output'")
     if job.last == AUTO:
         paths, state = best_average_on_valid(job, run)
     else:
@@ -79,15 +81,18 @@ def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dic
     prepare_process(device)  # as tmt-eval's (decode/loading.py)
     unicode_form = run.data_config().unicode_form
 
+    searched = {}  # the settings as the searches ran them (Translator.settings_record)
+
     def translate(n: int) -> list[str]:
         model = model_from_checkpoint(average_checkpoints(newest[-n:]), newest[-1], tokenizers)
         translator = Translator.for_model(
             model, tokenizers, job.decode, device, unicode_form=unicode_form
         )
+        searched.update(translator.settings_record())
         return translator.translate(sources)
 
     choice = choose_on_valid("last", average_grid(len(newest)), translate, references)
     chosen = newest[-choice.chosen :]
     # Again: one candidate in memory at a time.
-    recorded = {**choice.to_json(), "decode": config_dict(job.decode)}
+    recorded = {**choice.to_json(), "decode": searched}
     return chosen, average_checkpoints(chosen, chosen_on_valid=recorded)

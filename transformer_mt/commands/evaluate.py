@@ -14,15 +14,11 @@ from transformer_mt.commands.valid_choice import (
     choose_on_valid,
     valid_prefix,
 )
-from transformer_mt.config import (
-    AUTO,
-    DecodeConfig,
-    EvalJob,
-    config_dict,
-)
+from transformer_mt.config import AUTO, DecodeConfig, EvalJob
 from transformer_mt.data.sources import corpus_identity, read_pairs
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
+from transformer_mt.files import check_writable
 from transformer_mt.metrics import (
     SacreBleuScores,
     TokenizedBleu,
@@ -38,7 +34,8 @@ class EvalReport:
     sentences: int
     checkpoint: dict  # path, and the update it was written at
     data: str  # the corpus the split was read from
-    decode: dict  # the decode settings used, as plain values
+    decode: dict  # the decode settings used, as the search ran them (precision: what it
+    # computed in, 'fp32 (auto)')
     decode_seconds: float
     sacrebleu: SacreBleuScores
     tokenized: TokenizedBleu
@@ -88,6 +85,8 @@ def evaluate(job: EvalJob) -> EvalReport:
     # auto: the translator's own alpha is never used; each call below names the one it tries.
     decode = dataclasses.replace(job.decode, length_penalty=0.0) if auto else job.decode
     run = RunDir(job.run_dir)
+    for written in (run.hypotheses_file(job.split), run.scores_file(job.split)):
+        check_writable(written, "tmt-eval")  # before the decoding
     data_cfg = run.data_config()
     translator = load_translator(run.path, job.checkpoint, decode=decode, device=job.device)
     choice = None
@@ -106,7 +105,7 @@ def evaluate(job: EvalJob) -> EvalReport:
         sentences=len(sources),
         checkpoint=translator.origin,
         data=corpus_identity(data_cfg),
-        decode=config_dict(decode),
+        decode=translator.settings_record(decode),
         decode_seconds=round(seconds, 2),
         sacrebleu=sacrebleu_scores(hypotheses, references),
         tokenized=tokenized_bleu_scores(hypotheses, references, lang=data_cfg.tgt_lang),

@@ -17,7 +17,7 @@ from transformer_mt.decode.loading import (
 )
 from transformer_mt.export import ctranslate2 as ctranslate2_export
 from transformer_mt.export import transformers as transformers_export
-from transformer_mt.files import check_replaceable
+from transformer_mt.files import check_replaceable, check_writable
 from transformer_mt.run_dir import RunDir
 
 
@@ -31,6 +31,7 @@ def export(job: ExportJob) -> Path:
     run = RunDir(job.run_dir)
     output = run.checkpoint(job.output)
     check_replaceable(output, marker=EXPORT_INFO, what=EXPORTED)  # before any work
+    check_writable(output, "config key 'output'")
     loaded = load_run_checkpoint(run, job.checkpoint)
     if job.format == ExportFormat.transformers:
         card = model_card(run, loaded)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.config import TrainJob
+from transformer_mt.config import DECODE_PRECISIONS, CpuLinear, DecodeConfig, Precision, TrainJob
 from transformer_mt.data.corpora import prepare_corpora
 from transformer_mt.data.prepare import PreparedData, prepared_folder, wait_until_prepared
 from transformer_mt.decode.translator import Translator
@@ -139,7 +139,8 @@ def train_started(
     first_step, trainer = start.step, None
     try:
         torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank
-        trainer = Trainer(cfg, run, data, policy, ranks, valid_bleu=valid_bleu(cfg, data, device))
+        bleu = valid_bleu(cfg, data, policy)
+        trainer = Trainer(cfg, run, data, policy, ranks, valid_bleu=bleu)
         if ranks.rank:
             torch.manual_seed(cfg.trainer.seed + ranks.rank)  # but other dropout masks
         log.info(
@@ -160,7 +161,7 @@ def train_started(
     if ranks.is_main:
         how = "stop signal" if trainer.stop_rules.signalled else "finished"
         record = end_record(how, reason, trainer.progress.step)
-        run.append_history(record | best_record(trainer))
+        run.append_history(record | best_record(trainer, policy))
     return run.checkpoints.last, trainer.stop_rules.signals.received
 
 
@@ -211,24 +212,47 @@ def out_of_memory(trainer: Trainer, torch_said: str) -> OutOfMemory:
 
 
 def valid_bleu(
-    cfg: TrainJob, data: PreparedData, device: torch.device
+    cfg: TrainJob, data: PreparedData, policy: ExecutionPolicy
 ) -> Callable[[Transformer], float] | None:
     """What validation BLEU is for this run: sacreBLEU of the model's translations of the first
     trainer.valid_bleu_sentences of the valid split as read, against the raw references (as
-    tmt-eval scores the test split); None when it is off."""
+    tmt-eval scores the test split), searched with `validation_decode`'s settings on the
+    training policy's device; None when it is off."""
     count = cfg.trainer.valid_bleu_sentences
     if not count:
         return None
     sources, references = data.valid_text(count)
-    decode = dataclasses.replace(cfg.decode, strategy=cfg.trainer.valid_bleu_strategy)
+    decode = validation_decode(cfg, policy)
 
     def score(model: Transformer) -> float:
         translator = Translator.for_model(
-            model, data.tokenizers, decode, device, unicode_form=cfg.data.unicode_form
+            model, data.tokenizers, decode, policy.device, unicode_form=cfg.data.unicode_form
         )
         return sacrebleu_scores(translator.translate(sources), references).bleu
 
     return score
+
+
+def validation_decode(cfg: TrainJob, policy: ExecutionPolicy) -> DecodeConfig:
+    """The settings validation BLEU searches with: the decode group's, with
+    trainer.valid_bleu_strategy, computing as the training step does (`validation_precision`)
+    on the weights as trained (decode.quantize=none). So best.pt, and the score a sweep
+    optimises, judge the model that training computes, not one that decode.precision=auto or
+    bf16 would make depend on the machine (or a search in int8)."""
+    return dataclasses.replace(
+        cfg.decode,
+        strategy=cfg.trainer.valid_bleu_strategy,
+        precision=validation_precision(policy),
+        quantize=CpuLinear.none,
+    )
+
+
+def validation_precision(policy: ExecutionPolicy) -> Precision:
+    """What validation computes in: the training step's precision (its loss runs in the step's
+    policy; its searches are told to), fp32 for an fp16 step, since a search takes fp32 or bf16
+    only. The end record of the run's history says it (`best_record`)."""
+    trained = Precision(policy.precision)
+    return trained if trained in DECODE_PRECISIONS else Precision.fp32
 
 
 @contextlib.contextmanager
@@ -279,12 +303,22 @@ def end_record(how: str, reason: str, step: int) -> dict:
     return {"event": "end", "time": now(), "how": how, "reason": reason, "step": step}
 
 
-def best_record(trainer: Trainer) -> dict:
+def best_record(trainer: Trainer, policy: ExecutionPolicy) -> dict:
     """The run's best validation score, by which best.pt is chosen (what tmt-train returns to
     Hydra, so that a sweeper can optimise it): valid BLEU where it is computed, else minus the
-    valid loss; None before any validation."""
-    best, metric = trainer.validator.progress, trainer.validator.metric
-    return {"best": {"score": best.best_score, "step": best.best_step, "metric": metric}}
+    valid loss; None before any validation. With what the score was computed in: the search's
+    precision (`validation_precision`), or the loss's (the training step's)."""
+    best, validator = trainer.validator.progress, trainer.validator
+    searched = validator.bleu is not None
+    precision = validation_precision(policy).value if searched else policy.precision
+    return {
+        "best": {
+            "score": best.best_score,
+            "step": best.best_step,
+            "metric": validator.metric,
+            "precision": precision,
+        }
+    }
 
 
 def describe_error(error: BaseException) -> str:

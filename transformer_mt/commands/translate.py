@@ -6,13 +6,18 @@ input is read in chunks of CHUNK_LINES lines, which the Translator sorts by leng
 decode.batch_tokens; the output keeps the input's order and is flushed after each chunk, so
 memory stays bounded on a file of any length. output= and attention= files are written beside
 their targets and renamed into place once every line is translated: an input that fails
-halfway (a line that is not UTF-8) or a full disk leaves the previous file as it was."""
+halfway (a line that is not UTF-8), a full disk or a stop signal (SIGTERM, SIGINT, SIGHUP:
+`Stopped`, raised where the work is, so that the temporary files are removed on the way out)
+leaves the previous file as it was, and nothing beside it. A temporary that a kill no handler
+sees (SIGKILL, a power cut) left is removed by the next tmt-translate writing the same file."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import signal
 import stat
 import sys
 from collections.abc import Iterator
@@ -23,8 +28,16 @@ from typing import BinaryIO, TextIO
 from transformer_mt.config import TranslateJob
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
-from transformer_mt.errors import ConfigError, TransformerMTError
-from transformer_mt.files import replacing
+from transformer_mt.errors import ConfigError, Stopped, TransformerMTError
+from transformer_mt.files import (
+    check_writable,
+    lock_while_written,
+    remove_partial_writes,
+    replacing,
+    written_path,
+)
+
+log = logging.getLogger(__name__)
 
 CHUNK_LINES = 10_000
 ATTENTION_CHUNK_LINES = 100
@@ -35,8 +48,9 @@ line, about 40k for 200-piece sentences, so chunks are kept small."""
 def translate(job: TranslateJob) -> None:
     job.validate()  # before the model loads
     check_distinct_files(job)  # before anything is opened for writing
+    check_output_folders(job)
     translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
-    with ExitStack() as files:
+    with stopped_by_signals(), ExitStack() as files:
         if job.input is None:
             source, name = sys.stdin.buffer, "<stdin>"
         else:
@@ -101,13 +115,40 @@ def translate_stream(
 def written_when_complete(path: Path) -> Iterator[TextIO]:
     """A text file to write `path` with: a temporary file beside it, renamed over it when the
     block succeeds and removed when it fails (files.replacing). A target that is not a regular
-    file (/dev/stdout, a named pipe) is written as it is: it cannot be replaced."""
+    file (/dev/stdout, a named pipe) is written as it is: it cannot be replaced. Temporaries of
+    `path` that an earlier writer left when it was killed are removed first (their writer's lock
+    is gone: files.remove_partial_writes)."""
     if path.exists() and not path.is_file():
         with open(path, "w", encoding="utf-8") as handle:
             yield handle
         return
+    target = written_path(path)
+    stale = remove_partial_writes(target.parent, lambda name: name == target.name)
+    if stale:
+        log.info("removed %d temporary file(s) of %s that a killed writer left", len(stale), path)
     with replacing(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
+        lock_while_written(handle)
         yield handle
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def raise_stopped(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
+@contextmanager
+def stopped_by_signals() -> Iterator[None]:
+    """SIGTERM, SIGINT and SIGHUP raise `Stopped` in the block, so that the files it writes
+    remove their temporaries on the way out (their default would end the process at once,
+    leaving them for good); the handlers before it come back after."""
+    previous = {number: signal.signal(number, raise_stopped) for number in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def check_distinct_files(job: TranslateJob) -> None:
@@ -128,6 +169,19 @@ def check_distinct_files(job: TranslateJob) -> None:
                 f"config key '{key}': {path} is the file standard input reads: writing it "
                 "would destroy the input first; name another file"
             )
+
+
+def check_output_folders(job: TranslateJob) -> None:
+    """ConfigError or files.NotWritable, naming the key, unless output= and attention= can be
+    written (a folder that exists and takes new files: files.check_writable), before the model
+    loads; a target that is not a regular file (/dev/stdout, a pipe) is written as it is."""
+    for key, name in (("output", job.output), ("attention", job.attention)):
+        if name is None or (Path(name).exists() and not Path(name).is_file()):
+            continue
+        folder = written_path(Path(name)).parent
+        if not folder.is_dir():
+            raise ConfigError(f"config key '{key}': the folder of {name}, {folder}, does not exist")
+        check_writable(Path(name), f"config key '{key}'")
 
 
 def same_file(a: Path, b: Path) -> bool:

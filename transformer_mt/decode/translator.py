@@ -18,6 +18,7 @@ decode/loading.py builds a Translator from a run folder or an export.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -26,12 +27,14 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformer_mt import execution
 from transformer_mt.config import (
     DECODE_PRECISIONS,
     CpuLinear,
     DecodeConfig,
     Precision,
     Strategy,
+    config_dict,
 )
 from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
@@ -261,6 +264,22 @@ def describe_int8(quantize: CpuLinear) -> None:
     )
 
 
+@functools.cache  # once a process: validation builds a Translator at every validation
+def describe_precision(precision: Precision, device: torch.device) -> None:
+    """The log line of a search in bf16 on the CPU, which warns, as describe_int8 does for
+    int8_batch, that batch mates change outputs: precision=auto searches in fp32 there for that
+    reason (execution.autocast_dtype)."""
+    if precision != Precision.bf16 or device.type != "cpu":
+        return
+    speed = "faster than fp32" if execution.cpu_multiplies_bf16() else "emulated, slower than fp32"
+    log.warning(
+        "decode.precision=bf16: the search computes in bf16 (on this CPU %s), so a sentence's "
+        "translation depends on the sentences translated with it (in a file, or a server's "
+        "batch); decode.precision=auto (fp32 on the CPU) does not",
+        speed,
+    )
+
+
 @dataclass(frozen=True)
 class AttentionMap:
     """Where the model looked while writing one translation: row i is target piece i (the last
@@ -316,6 +335,7 @@ class Translator:
         """A Translator that searches with `model` (or an Ensemble) on `device` (sampling from
         decode.seed; int8 copies of it with decode.quantize=int8)."""
         backend = ModelSearch(model, device, sampling_seed=decode.seed, quantize=decode.quantize)
+        describe_precision(decode.precision, device)
         return cls(backend, tokenizers, decode, unicode_form=unicode_form, origin=origin)
 
     def checked(self, decode: DecodeConfig | None) -> DecodeConfig:
@@ -329,6 +349,21 @@ class Translator:
         once for the call: it batches the sentences and runs each batch's search."""
         decode = self.decode if decode is None else self.offered(decode)
         return decode, ExecutionPolicy.for_decoding(decode, backend_device(self.backend))
+
+    def settings_record(self, decode: DecodeConfig | None = None) -> dict:
+        """A call's settings (`checked`; None: the defaults) as plain values, as the search runs
+        them, for the records of what ran (scores.SPLIT.json, the server's answers and /health):
+        decode.precision is what our model computes in, with the setting that chose it ("fp32
+        (auto)", "bf16"); a backend that computes in its own type (it offers auto only:
+        CTranslate2's compute_type) keeps the setting."""
+        decode, policy = self.prepared(decode)
+        record = config_dict(decode)
+        if backend_offers(self.backend)[0] != (Precision.auto,):
+            chosen = decode.precision
+            record["precision"] = (
+                f"{policy.precision} (auto)" if chosen == Precision.auto else policy.precision
+            )
+        return record
 
     def offered(self, decode: DecodeConfig) -> DecodeConfig:
         """`checked` but for the device: what this backend offers."""

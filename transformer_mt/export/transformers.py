@@ -44,7 +44,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -133,7 +137,8 @@ def export_model(
     marian.generation_config = generation_config(model.cfg.max_positions, transformers)
     output = Path(output)
     with replacing_folder(output, marker=EXPORT_INFO, what=EXPORTED) as temporary:
-        marian.save_pretrained(temporary)
+        with safetensors_os_errors(temporary):
+            marian.save_pretrained(temporary)
         save_tokenizer(tokenizers, temporary, model.cfg.max_positions, transformers)
         readme = model_card(card, model, tokenizers, output.resolve())
         (temporary / "README.md").write_text(readme, encoding="utf-8")
@@ -141,6 +146,28 @@ def export_model(
         (temporary / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     log.info("exported a transformers MarianMTModel (update %d) to %s", card.step, output)
     return output
+
+
+SAFETENSORS_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+"""How safetensors' SafetensorError quotes the OS's error of a failed write: 'Error while
+serializing: I/O error: No space left on device (os error 28)'."""
+
+
+@contextmanager
+def safetensors_os_errors(folder: Path) -> Iterator[None]:
+    """safetensors' error for a write the OS refused (a full disk: SafetensorError, not an
+    OSError) as the OSError it quotes, about `folder`, so that the CLI says it in one line; any
+    other SafetensorError as it is."""
+    from safetensors import SafetensorError  # transformers' own dependency: the hf extra
+
+    try:
+        yield
+    except SafetensorError as error:
+        quoted = SAFETENSORS_OS_ERROR.search(str(error))
+        if quoted is None:
+            raise
+        number = int(quoted.group(1))
+        raise OSError(number, os.strerror(number), str(folder)) from error
 
 
 def marian_config(model: Transformer, tokenizers: Tokenizers, transformers):

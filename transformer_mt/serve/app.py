@@ -5,9 +5,11 @@
                       seed) and "attention": true (with "attention_layer", default the last)
                       -> {"translations": [{"text", "nbest": [{"text", "score"}],
                           "attention": {"source_pieces", "target_pieces", "weights", "layer"}
-                          or null}], "decode": the settings used}
+                          or null}], "decode": the settings used, "precision" as
+                          computed ("fp32 (auto)")}
     GET /             a page to try it: translation, n-best list, attention heat map
-    GET /health       {"status": "ok", "model": the checkpoint's file name and update}
+    GET /health       {"status": "ok", "model": the checkpoint's file name and update,
+                       "decode": the default settings, as /translate's "decode"}
 
 Limits (the ServeJob's keys), each answered with a message saying what was exceeded: a body
 other than application/json (415); the request's size (413, before reading more than the
@@ -35,7 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
-from transformer_mt.config import SEED_RANGE, DecodeConfig, ServeJob, Strategy, config_dict
+from transformer_mt.config import SEED_RANGE, DecodeConfig, ServeJob, Strategy
 from transformer_mt.decode.translator import AttentionMap, Translator
 from transformer_mt.errors import ConfigError
 from transformer_mt.serve.batcher import Batcher, Busy, QueuedWork, Result
@@ -106,7 +108,7 @@ def create_app(
         return {
             "status": "ok",
             "model": model_record(translator.origin),
-            "decode": config_dict(translator.decode),
+            "decode": translator.settings_record(),
         }
 
     @app.post("/translate")
@@ -169,7 +171,8 @@ def admitted_work(body: bytes, translator: Translator, limits: ServeJob) -> Queu
     if asked.attention:
         check_attention_cells(ids, decode, translator.max_source_tokens, limits)
     layer = asked.attention_layer if asked.attention else None
-    return QueuedWork(ids, decode, layer, pieces, functools.partial(answer_bytes, decode=decode))
+    render = functools.partial(answer_bytes, decode=translator.settings_record(decode))
+    return QueuedWork(ids, decode, layer, pieces, render)
 
 
 def request_lines(asked: TranslateRequest, limits: ServeJob) -> list[str]:
@@ -245,9 +248,10 @@ async def hung_up(request: Request) -> None:
         pass
 
 
-def answer_bytes(results: Result, decode: DecodeConfig) -> bytes:
+def answer_bytes(results: Result, decode: dict) -> bytes:
     """The JSON of /translate's answer, built in the worker thread: serialising a large answer
-    on the event loop would hold up /health and every other client."""
+    on the event loop would hold up /health and every other client. `decode`: the request's
+    settings as the search runs them (Translator.settings_record)."""
     answer = {
         "translations": [
             {
@@ -257,7 +261,7 @@ def answer_bytes(results: Result, decode: DecodeConfig) -> bytes:
             }
             for nbest in results
         ],
-        "decode": config_dict(decode),
+        "decode": decode,
     }
     return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
