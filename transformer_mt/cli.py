@@ -243,7 +243,7 @@ def export_main(cfg: DictConfig) -> None:
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="eval")
 def evaluate_main(cfg: DictConfig) -> None:
     """tmt-eval: translate a split with beam search and score it with sacreBLEU."""
-    from transformer_mt.commands.evaluate import evaluate
+    from transformer_mt.commands.evaluate import evaluate_pairs, pairs_summary
 
     def task() -> None:
         hydra_cfg = HydraConfig.get()
@@ -251,7 +251,10 @@ def evaluate_main(cfg: DictConfig) -> None:
         check_job_paths(cfg, multirun=multirun)
         if multirun:  # every job writes into its run_dir
             check_evaluation_paths(cfg, sweep_keys(hydra_cfg))
-        print(evaluate(as_job(cfg, EvalJob)).format())
+        reports = evaluate_pairs(as_job(cfg, EvalJob))
+        print("\n".join(report.format() for report in reports))
+        if len(reports) > 1:
+            print(pairs_summary(reports))
 
     run_reporting_errors(task)
 

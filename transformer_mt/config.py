@@ -744,6 +744,11 @@ class DecodeConfig:
     tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit mantissa inputs,
     float32 sums). It holds inside an enclosing autocast too. A CTranslate2 export computes in
     its own type (auto only)."""
+    tgt_lang: str | None = None
+    """The language to translate into, for a model trained into several (data.corpora with other
+    target languages): its tag goes before every source (docs/several-corpora.md). null: the
+    model's one target language; a model of several refuses null and any language it was not
+    trained into."""
     quantize: CpuLinear = CpuLinear.none
     """int8: our model's linear layers and its output projection (the shared embedding) with
     int8 weights, quantized when the model is loaded (the checkpoint is unchanged), their inputs

@@ -42,7 +42,13 @@ def export(job: ExportJob) -> Path:
         output,
         unicode_form=loaded.data.unicode_form,
         quantization=job.quantization,
-        provenance={"checkpoint": str(loaded.path), "step": loaded.step},
+        provenance={
+            "checkpoint": str(loaded.path),
+            "step": loaded.step,
+            # what a translation into each language puts first (decode.tgt_lang)
+            "tgt_lang": loaded.data.tgt_lang,
+            "language_tags": loaded.data.language_tags,
+        },
     )
 
 

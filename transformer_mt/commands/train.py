@@ -16,10 +16,11 @@ import torch
 
 from transformer_mt import __version__
 from transformer_mt.config import DECODE_PRECISIONS, CpuLinear, DecodeConfig, Precision, TrainJob
-from transformer_mt.data.corpora import prepare_corpora
+from transformer_mt.data.corpora import language_pairs, prepare_corpora, raw_pairs
 from transformer_mt.data.prepare import PreparedData, prepared_folder, wait_until_prepared
+from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.decode.translator import Translator
-from transformer_mt.errors import ConfigError, OutOfMemory, TransformerMTError
+from transformer_mt.errors import ConfigError, DataError, OutOfMemory, TransformerMTError
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.metrics import sacrebleu_scores
 from transformer_mt.model import Transformer, count_parameters
@@ -217,20 +218,56 @@ def valid_bleu(
     """What validation BLEU is for this run: sacreBLEU of the model's translations of the first
     trainer.valid_bleu_sentences of the valid split as read, against the raw references (as
     tmt-eval scores the test split), searched with `validation_decode`'s settings on the
-    training policy's device; None when it is off."""
+    training policy's device; None when it is off. A model trained into several target
+    languages is scored on each language pair's valid split (`valid_sets`), each translated
+    into its language; its BLEU is their mean, and each pair's is logged."""
     count = cfg.trainer.valid_bleu_sentences
     if not count:
         return None
-    sources, references = data.valid_text(count)
+    sets = valid_sets(cfg, data, count)
     decode = validation_decode(cfg, policy)
+    languages = TargetLanguages.of(cfg.data, data.tokenizers.src)
 
     def score(model: Transformer) -> float:
         translator = Translator.for_model(
-            model, data.tokenizers, decode, policy.device, unicode_form=cfg.data.unicode_form
+            model,
+            data.tokenizers,
+            decode,
+            policy.device,
+            unicode_form=cfg.data.unicode_form,
+            languages=languages,
         )
-        return sacrebleu_scores(translator.translate(sources), references).bleu
+        scores = {}
+        for pair, (tgt_lang, sources, references) in sets.items():
+            into = dataclasses.replace(decode, tgt_lang=tgt_lang) if languages.tags else decode
+            hypotheses = translator.translate(sources, decode=into)
+            scores[pair] = sacrebleu_scores(hypotheses, references).bleu
+        if len(scores) > 1:
+            log.info("valid BLEU by pair: %s", ", ".join(f"{p} {b:.2f}" for p, b in scores.items()))
+        return sum(scores.values()) / len(scores)
 
     return score
+
+
+def valid_sets(
+    cfg: TrainJob, data: PreparedData, count: int
+) -> dict[str, tuple[str, list[str], list[str]]]:
+    """Each language pair's target language and first `count` valid sources and references:
+    the main corpus's from its prepared folder; for a model trained into several languages,
+    every other pair's as its corpus reads it (a pair whose corpus has no valid split is left
+    out, with a warning)."""
+    main = f"{cfg.data.src_lang}-{cfg.data.tgt_lang}"
+    sets = {main: (cfg.data.tgt_lang, *data.valid_text(count))}
+    if not cfg.data.language_tags:
+        return sets
+    for pair, pair_cfg in language_pairs(cfg.data).items():
+        if pair in sets:
+            continue
+        try:
+            sets[pair] = (pair_cfg.tgt_lang, *raw_pairs(pair_cfg, "valid", count))
+        except DataError as error:
+            log.warning("no valid BLEU for %s: its valid split cannot be read (%s)", pair, error)
+    return sets
 
 
 def validation_decode(cfg: TrainJob, policy: ExecutionPolicy) -> DecodeConfig:

@@ -16,6 +16,7 @@ an epoch does not move when another corpus is added.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections import Counter
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ import numpy as np
 
 from transformer_mt.config import DataConfig
 from transformer_mt.data.binarize import CHUNK_LINES
+from transformer_mt.data.clean import single_line
 from transformer_mt.data.prepare import (
     STATS_FILE,
     ExtraCorpus,
@@ -43,7 +45,7 @@ from transformer_mt.data.prepare import (
     settings_hash,
     write_clean_train,
 )
-from transformer_mt.data.sources import check_training_files, corpus_identity
+from transformer_mt.data.sources import check_training_files, corpus_identity, read_pairs
 from transformer_mt.data.store import ParallelTokens, StoredSplit, check_files
 from transformer_mt.data.tags import TagScan, check_recorded, tag_keys
 from transformer_mt.data.tokenizer import Tokenizer, Tokenizers
@@ -144,6 +146,29 @@ def check_tag_pieces(cfg: DataConfig, source: Tokenizer) -> None:
                 f"(data.spm_model: {files}); use the tags it was trained with, or let the run "
                 "train its own (data.spm_model=null)"
             )
+
+
+def language_pairs(cfg: DataConfig) -> dict[str, DataConfig]:
+    """Each language pair of the training corpora ("de-en"), the main corpus's first, with the
+    data configuration whose valid and test splits score it: the main corpus's for its own pair,
+    else that of the first corpus of the pair (its source, folder or dataset and languages, with
+    the main corpus's split names: data.valid_split, data.test_split)."""
+    pairs = {f"{cfg.src_lang}-{cfg.tgt_lang}": cfg}
+    for name in cfg.corpora:
+        corpus = cfg.corpus(name)
+        pairs.setdefault(f"{corpus.src_lang}-{corpus.tgt_lang}", corpus)
+    return pairs
+
+
+def raw_pairs(cfg: DataConfig, split: str, count: int | None = None) -> tuple[list[str], list[str]]:
+    """The first `count` (None: all) sources and references of a split as read: not cleaned,
+    normalised or filtered (BLEU scores raw references), each one line."""
+    pairs = itertools.islice(read_pairs(cfg, split), count)
+    sources, references = [], []
+    for source, reference in pairs:
+        sources.append(single_line(source))
+        references.append(single_line(reference))
+    return sources, references
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 from transformer_mt.config import TAG_FORM, DataConfig
-from transformer_mt.errors import DataError
+from transformer_mt.data.tokenizer import Tokenizer
+from transformer_mt.errors import ConfigError, DataError
 
 TAG_LIKE = re.compile(TAG_FORM)
 
@@ -77,3 +79,42 @@ def check_recorded(tags: dict[str, str], records: Iterable[dict[str, str]]) -> N
         for tag, key in tags.items():
             if tag in record:
                 raise occurs(tag, key, record[tag])
+
+
+@dataclass(frozen=True)
+class TargetLanguages:
+    """The languages a model translates into: its one (`main`), or several, each with the id of
+    its tag (`tags`), which goes first before every source of a translation into it."""
+
+    main: str
+    tags: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, cfg: DataConfig, source: Tokenizer) -> TargetLanguages:
+        """A run's, from its data settings and source tokenizer."""
+        processor = source.processor
+        tags = {lang: processor.piece_to_id(tag) for lang, tag in cfg.language_tags.items()}
+        return cls(cfg.tgt_lang, tags)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tags) or [self.main]
+
+    def prefix(self, language: str | None) -> list[int]:
+        """The ids to put before every source of a translation into `language` (decode.tgt_lang);
+        ConfigError naming decode.tgt_lang for a language the model was not trained into, or
+        for none where it was trained into several."""
+        if not self.tags:
+            if language not in (None, self.main):
+                raise ConfigError(
+                    f"config key 'decode.tgt_lang': this model translates into {self.main} only, "
+                    f"not {language}"
+                )
+            return []
+        if language not in self.tags:
+            said = "no language was named" if language is None else f"not into {language}"
+            raise ConfigError(
+                f"config key 'decode.tgt_lang': this model translates into "
+                f"{', '.join(self.tags)} ({said}): name one, as decode.tgt_lang={self.names[0]}"
+            )
+        return [self.tags[language]]

@@ -17,6 +17,7 @@ import torch
 from transformer_mt.checkpoint import CheckpointRecord, load_checkpoint, model_from_checkpoint
 from transformer_mt.checkpoint.folder import LAST
 from transformer_mt.config import CpuLinear, DataConfig, DecodeConfig
+from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.data.tokenizer import Tokenizers, load_tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
 from transformer_mt.decode.search import Ensemble
@@ -104,6 +105,7 @@ def load_translator(
         target,
         unicode_form=members[0].data.unicode_form,
         origin={"checkpoint": paths[0] if one else paths, "step": steps[0] if one else steps},
+        languages=TargetLanguages.of(members[0].data, members[0].tokenizers.src),
     )
 
 
@@ -188,4 +190,15 @@ def translator_from_export(
         decode,
         unicode_form=info["unicode_form"],
         origin={"checkpoint": str(folder.resolve()), "format": "ctranslate2"},
+        languages=exported_languages(info, tokenizers),
     )
+
+
+def exported_languages(info: dict, tokenizers: Tokenizers) -> TargetLanguages | None:
+    """What an export translates into, as tmt-export recorded it (None: an export from before
+    it did, which says nothing: decode.tgt_lang is not checked)."""
+    if "tgt_lang" not in info:
+        return None
+    processor = tokenizers.src.processor
+    tags = {lang: processor.piece_to_id(tag) for lang, tag in info["language_tags"].items()}
+    return TargetLanguages(info["tgt_lang"], tags)

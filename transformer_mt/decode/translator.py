@@ -38,6 +38,7 @@ from transformer_mt.config import (
 )
 from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
+from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
@@ -312,12 +313,15 @@ class Translator:
         *,
         unicode_form: str | None = "NFC",
         origin: dict | None = None,
+        languages: TargetLanguages | None = None,
     ):
         """decode: the settings of calls that give none; unicode_form: the normalisation the
         training data had (data.unicode_form); origin: which checkpoint (or export) translates,
-        as decode/loading.py found it."""
+        as decode/loading.py found it; languages: what it translates into (each call's
+        decode.tgt_lang picks one where there are several; None: one, unnamed)."""
         self.backend, self.tokenizers = backend, tokenizers
         self.unicode_form, self.origin = unicode_form, origin
+        self.languages = languages
         self.max_source_tokens = backend.max_source_tokens
         self.decode = self.checked(decode)
 
@@ -331,12 +335,20 @@ class Translator:
         *,
         unicode_form: str | None = "NFC",
         origin: dict | None = None,
+        languages: TargetLanguages | None = None,
     ) -> Translator:
         """A Translator that searches with `model` (or an Ensemble) on `device` (sampling from
         decode.seed; int8 copies of it with decode.quantize=int8)."""
         backend = ModelSearch(model, device, sampling_seed=decode.seed, quantize=decode.quantize)
         describe_precision(decode.precision, device)
-        return cls(backend, tokenizers, decode, unicode_form=unicode_form, origin=origin)
+        return cls(
+            backend,
+            tokenizers,
+            decode,
+            unicode_form=unicode_form,
+            origin=origin,
+            languages=languages,
+        )
 
     def checked(self, decode: DecodeConfig | None) -> DecodeConfig:
         """`decode` (None: the defaults) with decode.batch_tokens=null made the device's default
@@ -387,7 +399,7 @@ class Translator:
     def translate(self, sentences: list[str], *, decode: DecodeConfig | None = None) -> list[str]:
         """One translation per input sentence, in input order; an empty line gives an empty line.
         Each translation is one line (a line break the model spelled in byte pieces is a space)."""
-        ids = self.translate_ids(self.encode(sentences), decode)
+        ids = self.translate_ids(self.encode(sentences, decode), decode)
         return [single_line(t) for t in self.tokenizers.tgt.decode(ids)]
 
     def translate_nbest(
@@ -401,7 +413,8 @@ class Translator:
         empty line gives one empty translation with score 0. attention: a decoder layer (-1:
         the last) whose cross-attention behind each best translation it carries (None for an
         empty line); None: no attention."""
-        return self.translate_encoded(self.encode(sentences), decode=decode, attention=attention)
+        encoded = self.encode(sentences, decode)
+        return self.translate_encoded(encoded, decode=decode, attention=attention)
 
     def translate_encoded(
         self,
@@ -465,10 +478,30 @@ class Translator:
                 )
         return maps
 
-    def encode(self, sentences: list[str]) -> list[list[int]]:
-        return self.tokenizers.src.encode(
+    def encode(self, sentences: list[str], decode: DecodeConfig | None = None) -> list[list[int]]:
+        """Each sentence's source ids as the model reads them: normalised and encoded, after the
+        tag of the language asked for (decode.tgt_lang: `language_prefix`); an empty line stays
+        empty (it is not translated)."""
+        prefix = self.language_prefix(decode)
+        ids = self.tokenizers.src.encode(
             [normalise(s.strip(), self.unicode_form) for s in sentences]
         )
+        return [prefix + piece_ids if piece_ids else piece_ids for piece_ids in ids]
+
+    @property
+    def target_languages(self) -> list[str]:
+        """The languages it translates into (decode.tgt_lang's choices where there are several;
+        [] where the model does not say: an export without its run's settings)."""
+        return [] if self.languages is None else self.languages.names
+
+    def language_prefix(self, decode: DecodeConfig | None = None) -> list[int]:
+        """The ids before every source of a call with `decode` (None: the defaults): the tag of
+        decode.tgt_lang for a model trained into several languages; ConfigError for a language
+        it was not trained into (TargetLanguages.prefix)."""
+        language = (self.decode if decode is None else decode).tgt_lang
+        if self.languages is None:
+            return []
+        return self.languages.prefix(language)
 
     def translate_ids(
         self, ids: list[list[int]], decode: DecodeConfig | None = None

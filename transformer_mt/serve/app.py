@@ -74,6 +74,7 @@ class TranslateRequest(BaseModel):
     top_k: int | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=SEED_RANGE[0], le=SEED_RANGE[1])
+    tgt_lang: str | None = Field(default=None, max_length=64)
     attention: bool = False
     attention_layer: int = -1
 
@@ -109,6 +110,7 @@ def create_app(
             "status": "ok",
             "model": model_record(translator.origin),
             "decode": translator.settings_record(),
+            "target_languages": translator.target_languages,
         }
 
     @app.post("/translate")
@@ -162,9 +164,9 @@ def admitted_work(body: bytes, translator: Translator, limits: ServeJob) -> Queu
     lines = request_lines(asked, limits)
     try:
         decode = requested_decode(translator, asked, limits)
+        ids = translator.encode(lines, decode)  # after the tag of decode.tgt_lang
     except ConfigError as error:
         raise Refused(422, str(error)) from None
-    ids = translator.encode(lines)
     pieces = sum(len(s) + 1 for s in ids)
     if pieces > limits.max_pending_pieces:
         raise Refused(422, f"{pieces} source pieces: the limit is {limits.max_pending_pieces}")
@@ -294,6 +296,7 @@ def requested_decode(
             "top_k",
             "top_p",
             "seed",
+            "tgt_lang",
         )
         if getattr(asked, name) is not None
     }
