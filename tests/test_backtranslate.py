@@ -100,7 +100,7 @@ def test_a_complete_corpus_is_not_made_again_and_another_setting_is_refused(
     made = (folder / "train.de").stat().st_mtime_ns
     backtranslate(job(one_update_run, source, tmp_path / "bt"))
     assert (folder / "train.de").stat().st_mtime_ns == made
-    with pytest.raises(ConfigError, match="made with other settings .*decode"):
+    with pytest.raises(ConfigError, match="made with other settings .*decode_settings"):
         backtranslate(job(one_update_run, source, tmp_path / "bt", "decode.beam_size=2"))
 
 

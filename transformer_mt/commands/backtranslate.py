@@ -58,7 +58,8 @@ def backtranslate(job: BacktranslateJob) -> Path:
         return output
     translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
     wanted["checkpoint"] = translator.origin
-    check_output(output, wanted)  # the chunks done are of this checkpoint
+    wanted["decode"] = translator.settings_record(job.decode)  # the precision that runs
+    check_output(output, wanted)  # the chunks done are of this checkpoint and precision
     chunks = output / CHUNKS
     chunks.mkdir(parents=True, exist_ok=True)
     write_record(output, wanted | {"complete": False})
@@ -96,13 +97,14 @@ def count_lines(path: Path) -> int:
 def corpus_record(
     job: BacktranslateJob, source: Path, languages: tuple[str, str], lines: int
 ) -> dict:
-    """What makes the corpus what it is: the run, the decoding settings, the input's content,
-    the languages, the chunking (with sampling, each chunk draws from its own seed); the
-    checkpoint is added once it is loaded."""
+    """What makes the corpus what it is: the run, the input's content, the languages, the
+    chunking (with sampling, each chunk draws from its own seed); the checkpoint and the
+    decoding settings as they run (with the precision auto chose) are added once the model is
+    loaded."""
     return {
         "run_dir": str(Path(job.run_dir).resolve()),
-        "decode": config_dict(job.decode),
         "input": str(source.resolve()),
+        "decode_settings": config_dict(job.decode),  # as given; "decode": as they run
         "input_sha256": file_sha256(source),
         "lines": lines,
         "languages": {"source": languages[1], "target": languages[0]},
