@@ -2,9 +2,11 @@
 
 Each command composes its config from the presets in transformer_mt/configs/, turns it into a
 typed job and calls the plain function of its module in commands/. User mistakes
-(TransformerMTError, and a configuration Hydra refuses: config.config_error_line) become one clear
-line and exit code 2; nothing else happens here. tmt-train returns the run's best validation
-score to Hydra, for a sweeper to optimise.
+(TransformerMTError, a configuration Hydra refuses: config.config_error_line, and a file system
+that refuses a write: `os_error_line`) become one clear line and exit code 2; a stop signal that
+ended a command with nothing to save (errors.Stopped) one line and 128 + the signal's number;
+nothing else happens here. tmt-train returns the run's best validation score to Hydra, for a
+sweeper to optimise.
 """
 
 from __future__ import annotations

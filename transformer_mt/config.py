@@ -552,7 +552,9 @@ class TrainerConfig:
     valid_bleu_sentences: int = 500
     """Validation sentences translated for BLEU at each validation (0: loss only)."""
     valid_bleu_strategy: Strategy = Strategy.greedy
-    """greedy, or beam (with the decode group's beam size and length penalty)."""
+    """greedy, or beam (with the decode group's beam size and length penalty); either computing
+    in the training step's precision, whatever decode.precision says
+    (commands/train.validation_decode)."""
     patience: int = 0
     """Stop after this many validations without a better BLEU (or loss when valid BLEU is off);
     0: never stop early."""
