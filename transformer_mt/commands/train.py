@@ -159,8 +159,7 @@ def train_started(
             record_end(run, end_record("error", describe_error(error), step))
         raise
     if ranks.is_main:
-        how = "stop signal" if trainer.stop_rules.signalled else "finished"
-        record = end_record(how, reason, trainer.progress.step)
+        record = end_record(how_it_ended(trainer), reason, trainer.progress.step)
         run.append_history(record | best_record(trainer))
     return run.checkpoints.last, trainer.stop_rules.signals.received
 
@@ -274,6 +273,15 @@ def record_end(run: RunDir, record: dict) -> None:
         run.append_history(record)
     except OSError as error:
         log.warning("could not record the end in %s (%s)", run.path / run.HISTORY, error.strerror)
+
+
+def how_it_ended(trainer: Trainer) -> str:
+    """The end record's `how` of a run that ended without an error: stopped by a signal (the
+    same command continues it), diverged (its best score is from before; a sweep counts it as
+    a failed trial), or finished."""
+    if trainer.stop_rules.signalled:
+        return "stop signal"
+    return "diverged" if trainer.stop_rules.diverged else "finished"
 
 
 def end_record(how: str, reason: str, step: int) -> dict:

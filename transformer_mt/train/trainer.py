@@ -297,11 +297,14 @@ class Trainer:
 
     def after_update(self, window: ThroughputWindow, bar: tqdm) -> ThroughputWindow:
         """After an update every part decides for itself: a log line every trainer.log_every
-        updates, a validation, the stop rules' agreement among ranks, a checkpoint (the time of
-        the last two left out of the window's). Returns the logging window."""
-        step, stop = self.counts.step, self.stop_rules
-        if step % self.cfg.trainer.log_every == 0:
+        updates (and a read of the non-finite updates every trainer.max_nonfinite_updates, for
+        the stop rules), a validation, the stop rules' agreement among ranks, a checkpoint (the
+        time of the last two left out of the window's). Returns the logging window."""
+        step, stop, settings = self.counts.step, self.stop_rules, self.cfg.trainer
+        if step % settings.log_every == 0:
             window = self.log_window(window, bar)
+        elif step % settings.max_nonfinite_updates == 0:
+            self.read_nonfinite()
         verdict = Verdict()
         if self.validator.due(step):
             with window.aside():
@@ -343,9 +346,7 @@ class Trainer:
     def log_window(self, window: ThroughputWindow, bar: tqdm) -> ThroughputWindow:
         """Report the window of updates since the last log (rank 0) and have the stop rules
         read its non-finite gradients; returns the next window."""
-        skipped, in_a_row = self.nonfinite.read()
-        self.counts.skipped_updates += skipped
-        self.stop_rules.check_gradients(in_a_row)
+        self.read_nonfinite()
         if self.metrics is not None:
             stats = self.metrics.window(window.updates, window.seconds(), self.progress)
             shown = stats.bar_postfix()
@@ -354,6 +355,16 @@ class Trainer:
                 shown["time_left"] = f"{left:.1f}min"
             bar.set_postfix(shown, refresh=False)
         return ThroughputWindow()
+
+    def read_nonfinite(self) -> None:
+        """The updates skipped for a non-finite gradient since the last read, counted; the stop
+        rules judge the longest run of them in a row. A read waits for the device, so it comes
+        at each log and every trainer.max_nonfinite_updates updates (the same updates on every
+        rank, whose gradients are the same): a run that diverges stops at most that many
+        updates minus one past the limit."""
+        skipped, in_a_row = self.nonfinite.read()
+        self.counts.skipped_updates += skipped
+        self.stop_rules.check_gradients(in_a_row)
 
     def progress_bar(self) -> tqdm:
         """Updates counted on a terminal: a log file (a cluster job's) gets the text lines."""
