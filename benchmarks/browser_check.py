@@ -1,8 +1,10 @@
 """The page of tmt-serve in a real browser: start the server on a trained model, open the page in
 headless Chromium with a sentence, and keep a screenshot; the page's DOM, read the same way,
-must show the translation, the n-best list and the heat map.
+must show the translation, the n-best list and the heat map; of a model trained into several
+target languages (--tgt-lang), the language menu with the language asked for.
 
     .venv/bin/python -m benchmarks.browser_check --run runs/demo --output benchmarks/serve_page.png
+    .venv/bin/python -m benchmarks.browser_check --run runs/both_ways --tgt-lang de
 
 Needs the `serve` extra and Chromium (Debian: apt install chromium). Exits 1 if the page does
 not show what it should.
@@ -51,15 +53,21 @@ def start_server(run: str, port: int) -> subprocess.Popen:
 
 
 class PageContents(HTMLParser):
-    """The text of #translation, the items of #nbest-list and the cells of the heat map."""
+    """The text of #translation, the items of #nbest-list, the cells of the heat map, and the
+    language menu: whether it is shown, and the language it has selected."""
 
     def __init__(self):
         super().__init__()
         self.translation, self.alternatives, self.cells = "", 0, 0
         self.inside: str | None = None
+        self.menu_shown, self.selected = False, None
 
     def handle_starttag(self, tag, attrs):
         identity = dict(attrs).get("id")
+        if identity == "language-choice":
+            self.menu_shown = "hidden" not in dict(attrs)
+        if tag == "option" and "selected" in dict(attrs):
+            self.inside = "option"
         if identity in ("translation",):
             self.inside = identity
         if tag == "li":
@@ -74,6 +82,8 @@ class PageContents(HTMLParser):
     def handle_data(self, data):
         if self.inside == "translation":
             self.translation += data
+        if self.inside == "option":
+            self.selected, self.inside = data.strip(), None
 
 
 def chromium(browser: str, url: str, *extra: str) -> subprocess.CompletedProcess:
@@ -89,6 +99,7 @@ def main() -> None:
     parser.add_argument("--run", default="runs/demo", help="a trained run folder")
     parser.add_argument("--text", default="The old farmer has sold his seven black horses.")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/serve_page.png"))
+    parser.add_argument("--tgt-lang", help="a model of several target languages: translate into")
     args = parser.parse_args()
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -96,7 +107,8 @@ def main() -> None:
     port = free_port()
     server = start_server(args.run, port)
     try:
-        url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode({"text": args.text})
+        query = {"text": args.text, **({"tgt_lang": args.tgt_lang} if args.tgt_lang else {})}
+        url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode(query)
         shot = chromium(browser, url, f"--screenshot={args.output.resolve()}")
         if shot.returncode != 0 or not args.output.is_file():
             raise SystemExit(f"chromium failed: {shot.stderr[-2000:]}")
@@ -111,6 +123,10 @@ def main() -> None:
     print(f"  screenshot: {args.output}")
     if not (page.translation.strip() not in ("", "…") and page.alternatives and page.cells):
         raise SystemExit("the page does not show a translation, its n-best list and a heat map")
+    if args.tgt_lang:
+        print(f"  language menu shown: {page.menu_shown}; selected: {page.selected}")
+        if not (page.menu_shown and page.selected == args.tgt_lang):
+            raise SystemExit(f"the page does not show the language menu with {args.tgt_lang}")
 
 
 if __name__ == "__main__":

@@ -103,6 +103,7 @@ def test_the_cli_says_it_in_one_line_with_exit_2_and_writes_nothing(tmp_path):
         ("tmt-translate", ["decode.beam_size=100000"], "decode.beam_size"),
         ("tmt-translate", ["decode=sample", "decode.temperature=1e-300"], "decode.temperature"),
         ("tmt-serve", ["port=70000"], "port"),
+        ("tmt-serve", ["host=no.such.host.invalid"], "host"),  # before the model loads
     ]  # fmt: skip
     commands = []
     for number, (command, settings, _) in enumerate(refused):

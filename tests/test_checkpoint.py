@@ -147,7 +147,8 @@ def test_damaged_step_files_are_kept_aside_under_names_the_folder_never_takes(tm
     assert len(list(tmp_path.glob("*.damaged*.pt"))) == 3
 
 
-# Where training stands, as checkpoints have always saved it (one flat record, in this order).
+# Where training stands, as checkpoints have always saved it (one flat record, in this order;
+# validated_step added last, by the checkpoints of a later version).
 SAVED_PROGRESS = {
     "step": 7,
     "epoch": 1,
@@ -159,6 +160,7 @@ SAVED_PROGRESS = {
     "best_score": -3.25,
     "best_step": 6,
     "validations_without_improvement": 1,
+    "validated_step": 6,
 }
 
 
@@ -170,3 +172,4 @@ def test_the_progress_split_by_owner_saves_the_record_checkpoints_always_held():
     assert list(progress.as_state().items()) == list(SAVED_PROGRESS.items())
     older = Progress.from_state({"step": 4, "epoch": 2})  # fields it lacked: their defaults
     assert (older.step, older.position.epoch, older.validation.best_score) == (4, 2, None)
+    assert older.validation.validated_step is None  # its final validation is not known: redone

@@ -25,8 +25,10 @@ QUICK = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGUSR1])
+@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP])
 def test_stop_signal_saves_a_checkpoint_and_exits_cleanly(tiny_overrides, tmp_path, stop_signal):
+    """Pre-emption (SIGTERM; Slurm's SIGUSR1 ahead of the time limit) and a terminal that closes
+    (SIGHUP; review t6, D1: it ended the run with exit 129 and no checkpoint)."""
     run_dir = tmp_path / "run"
     overrides = [
         *tiny_overrides,

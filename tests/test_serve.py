@@ -31,6 +31,7 @@ LIMITS = ServeJob(
     max_lines=8,
     max_line_chars=200,
     max_beam_size=6,
+    port=0,  # any free port: tmt-serve binds its address once before the model loads
 )
 SENTENCES = [en for en, _ in toy_pairs(16, seed=11, max_words=12)]
 

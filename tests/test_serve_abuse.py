@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
+import socket
 import threading
 
 import pytest
@@ -26,7 +28,8 @@ from transformer_mt.serve.app import create_app  # noqa: E402
 from transformer_mt.serve.batcher import Batcher, QueuedWork  # noqa: E402
 
 # a one-word request is 2 pieces (the word and EOS): 20 fit the bound, and each is its own batch
-LIMITS = ServeJob(run_dir="unused", decode=DecodeConfig(), max_pending_pieces=40)
+# port 0: any free port (tmt-serve binds its address once before the model loads).
+LIMITS = ServeJob(run_dir="unused", decode=DecodeConfig(), max_pending_pieces=40, port=0)
 DECODE = DecodeConfig(strategy=Strategy.greedy, beam_size=1, batch_tokens=2)
 
 
@@ -411,6 +414,55 @@ class SamplingEcho(GatedEcho):
 
     def reseed(self, seed: int) -> None:
         torch.Generator().manual_seed(seed)
+
+
+@pytest.fixture
+def serve_loading_nothing(monkeypatch):
+    """tmt-serve's command with no model to load and no uvicorn to run: the models it would
+    load, and the options uvicorn.run would get, are recorded."""
+    import uvicorn
+
+    from transformer_mt.commands import serve as command
+
+    loaded, ran = [], {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **options: ran.update(options))
+    monkeypatch.setattr(command, "load_translator", lambda *a, **k: loaded.append(a))
+    monkeypatch.setattr(serve_app, "create_app", lambda translator, limits: "app")
+    return command.serve, loaded, ran
+
+
+def test_a_host_that_does_not_resolve_or_a_port_in_use_is_refused_before_the_model_loads(
+    serve_loading_nothing,
+):
+    """Review t6, C11: host=no.such.host.invalid failed after the model had loaded, with
+    uvicorn's words and no key named."""
+    serve, loaded, ran = serve_loading_nothing
+    with pytest.raises(ConfigError, match="config key 'host': 'no.such.host.invalid' does not"):
+        serve(dataclasses.replace(LIMITS, host="no.such.host.invalid"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ConfigError, match=f"config key 'port': {port} is in use on 127.0"):
+            serve(dataclasses.replace(LIMITS, port=port))
+    assert loaded == [] and ran == {}
+
+
+@pytest.mark.parametrize("host,level", [("127.0.0.1", "INFO"), ("0.0.0.0", "WARNING")])
+def test_the_server_says_at_start_that_slow_clients_need_a_proxy(
+    serve_loading_nothing, caplog, host, level
+):
+    """Review t6, C7: uvicorn has no timeout for a request that arrives incompletely (its
+    timeout_keep_alive runs only between requests), so clients that send half a request hold
+    the connection slots. serving.md says a reverse proxy must time them out, and so does the
+    server's log at start: a warning where it listens beyond this machine."""
+    serve, _, ran = serve_loading_nothing
+    with caplog.at_level(logging.INFO, logger="transformer_mt"):
+        serve(dataclasses.replace(LIMITS, host=host, max_connections=7))
+    (said,) = [r for r in caplog.records if "does not time out a request" in r.getMessage()]
+    assert said.levelname == level
+    assert "max_connections=7" in said.getMessage() and "reverse proxy" in said.getMessage()
+    assert ran["host"] == host
 
 
 def test_a_request_whose_reseed_fails_gets_the_error_and_the_worker_answers_the_next(backend):

@@ -290,3 +290,49 @@ def test_eval_and_translate_sweeps_of_a_file_per_job_run(one_update_run, tmp_pat
     assert (one_update_run / "scores.valid.json").is_file()
     assert (one_update_run / "scores.test.json").is_file()
     assert sorted(p.name for p in work.iterdir()) == ["a.txt", "b.txt", "in.txt"]
+
+
+@pytest.mark.slow
+def test_an_optuna_trial_refused_or_diverged_is_a_failed_trial_and_the_sweep_goes_on(tmp_path):
+    """Review t6, C4 and C12. Three Optuna trials over the learning rate, drawn by the seeded
+    sampler as -1.0, 1e9, then 1.0 (Optuna's TPE start-up draws; its grid sampler fails the
+    sweep when the grid's last trial fails, a bug of hydra-optuna-sweeper 1.3). 1.0 trains;
+    -1.0 is refused (one line, which used to end the whole sweep with exit 2,
+    leaving an empty folder and no results); 1e9 diverges (stopped by
+    trainer.max_nonfinite_updates=2 within a few updates of the limit, not at the end's log
+    line, and recorded as diverged, where it used to end "finished" and return its score
+    from before, which Optuna could call the best). The sweep ends with the one real result."""
+    prepared = f"data.prepared_dir={tmp_path / 'prepared'}"
+    command = [
+        "-m",
+        *SMALL,
+        prepared,
+        "trainer.max_steps=8",
+        "trainer.max_nonfinite_updates=2",
+        "hydra/sweeper=optuna",
+        "hydra.sweeper.sampler.seed=9",
+        "hydra.sweeper.direction=maximize",
+        "hydra.sweeper.n_jobs=1",
+        "hydra.sweeper.n_trials=3",
+        "optim.lr_scale=choice(1.0,-1.0,1e9)",
+        "run_dir=trials/${hydra:job.num}",
+    ]
+    done = tmt("tmt-train", *command, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    results = yaml.safe_load((tmp_path / "trials" / "optimization_results.yaml").read_text())
+    assert results["best_params"]["optim.lr_scale"] == 1.0
+    refused = [line for line in done.stderr.splitlines() if "][ERROR] - sweep job" in line]
+    assert len(refused) == 1 and "failed, the sweep goes on: " in refused[0]
+    assert "optim.lr_scale" in refused[0]
+    ends = {}
+    for folder in (p for p in (tmp_path / "trials").iterdir() if p.is_dir()):
+        start, end = RunDir(folder).history()
+        scale = next(o for o in start["overrides"] if o.startswith("optim.lr_scale="))
+        ends[float(scale.split("=")[1])] = end
+    assert set(ends) == {1.0, 1e9}  # the refused trial left no folder
+    assert ends[1.0]["how"] == "finished" and ends[1.0]["step"] == 8
+    diverged = ends[1e9]
+    assert diverged["how"] == "diverged", diverged
+    assert "updates in a row had a non-finite gradient" in diverged["reason"]
+    assert diverged["step"] < 8

@@ -6,11 +6,13 @@ typed job and calls the plain function of its module in commands/. User mistakes
 that refuses a write: `os_error_line`) become one clear line and exit code 2; a stop signal that
 ended a command with nothing to save (errors.Stopped) one line and 128 + the signal's number;
 nothing else happens here. tmt-train returns the run's best validation score to Hydra, for a
-sweeper to optimise.
+sweeper to optimise; under a sweep a job refused or diverged is a failed trial, and the sweep
+goes on.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -48,6 +50,13 @@ CONFIG_PATH = str(CONFIG_DIR)
 JOBS_APART = "hydra_plugins.hydra_submitit_launcher."
 """Launchers that run each job in processes of their own: a job stopped by a signal ends
 alone (its launcher requeues it), where in one process it ends the sweep."""
+FAILED_TRIAL = None
+"""What a sweep job that was refused or diverged returns: no score. Optuna's sweeper tells the
+trial as failed ("Return value must be float-castable") and goes on, whatever
+hydra.sweeper.max_failure_rate says; Hydra's basic sweeper records it. An exception would end
+the sweep instead (SystemExit; and Optuna re-raises a job's exception at its default
+max_failure_rate=0), and so would NaN (hydra-optuna-sweeper 1.3 then tells the failed trial
+with a value, which Optuna refuses)."""
 register_configs()
 
 
@@ -175,7 +184,8 @@ def prepare_main(cfg: DictConfig) -> None:
 def train_main(cfg: DictConfig) -> float | None:
     """tmt-train: prepare the data, train, checkpoint into run_dir. Returns the best validation
     score (what best.pt was chosen by: valid BLEU where computed, else minus the valid loss), for
-    a sweeper (Optuna's: hydra.sweeper.direction=maximize) to optimise."""
+    a sweeper (Optuna's: hydra.sweeper.direction=maximize) to optimise; under a sweep, a job
+    refused (one line) or diverged returns FAILED_TRIAL."""
     from transformer_mt.commands.train import train
 
     def task() -> float | None:
@@ -188,7 +198,15 @@ def train_main(cfg: DictConfig) -> float | None:
         if sweeping:  # Hydra's folder for the job: <run_dir>-sweep/N, or the command line's
             job.run_dir = hydra_cfg.runtime.output_dir  # run_dir (transformer_mt/sweeps.py)
             log.info("sweep job %d: %s in %s", hydra_cfg.job.num, " ".join(overrides), job.run_dir)
-        checkpoint = train(job, overrides)
+        try:
+            checkpoint = train(job, overrides)
+        except TransformerMTError as error:
+            if not sweeping:
+                raise
+            log.error("sweep job %d failed, the sweep goes on: %s", hydra_cfg.job.num, error)
+            with contextlib.suppress(OSError):  # Hydra made the job's folder; a refusal left
+                os.rmdir(job.run_dir)  # it empty (rmdir removes nothing else)
+            return FAILED_TRIAL
         end = RunDir(job.run_dir).history()[-1]
         if sweeping and end["how"] == "stop signal":
             if str(hydra_cfg.launcher._target_).startswith(JOBS_APART):
@@ -199,6 +217,9 @@ def train_main(cfg: DictConfig) -> float | None:
                 hydra_cfg.job.num,
             )
             sys.exit(0)
+        if sweeping and end["how"] == "diverged":  # its best score is from before: not a result
+            log.warning("sweep job %d diverged: a failed trial to the sweeper", hydra_cfg.job.num)
+            return FAILED_TRIAL
         best = end["best"]
         log.info(
             "training finished in %.1f min wall time; checkpoint %s; best %s %s at update %s",

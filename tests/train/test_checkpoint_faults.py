@@ -15,6 +15,7 @@ from transformer_mt.checkpoint import step_checkpoints
 from transformer_mt.commands.train import train
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.trainer import Trainer
+from transformer_mt.train.validation import Validator
 
 QUICK = [
     "trainer.valid_every=0",
@@ -89,8 +90,9 @@ def test_a_stop_signal_during_the_final_validation_still_writes_the_last_checkpo
     tiny_train_job, monkeypatch, stop_signal
 ):
     """training.md#pre-emption: SIGTERM or a first Ctrl-C writes a checkpoint and exits
-    cleanly, also after "stopped: reached trainer.max_steps", while the final validation runs
-    (with no checkpoint for updates 1-3 yet: each would be lost)."""
+    cleanly, also after "stopped: reached trainer.max_steps", as the final validation begins
+    (with no checkpoint for updates 1-3 yet: each would be lost). The validation is left out,
+    and the launcher's handler has the signal only once the checkpoint is written."""
 
     def died(signum, frame):
         raise Died(signal.Signals(signum).name)
@@ -122,6 +124,44 @@ def test_a_stop_signal_during_the_final_validation_still_writes_the_last_checkpo
         assert step_of(train(job)) == 3
     finally:
         signal.signal(stop_signal, previous)
-    assert RunDir(job.run_dir).history()[-1]["how"] == "finished"
+    assert RunDir(job.run_dir).history()[-1]["how"] == "stop signal"
     # Ctrl-C is never passed on; SIGTERM is, once, after the checkpoint.
     assert checkpoint_written_when_passed_on == ([True] if stop_signal == signal.SIGTERM else [])
+
+
+def test_a_stop_signal_during_the_final_validation_ends_it_and_the_checkpoint_comes_first(
+    tiny_train_job, monkeypatch
+):
+    """Review t6, D2: a SIGTERM during the final validation used to wait for the validation's
+    end before the checkpoint of the last update was written, and a pre-emption's grace period
+    shorter than the validation lost every update since the previous checkpoint. Now the signal
+    ends the validation where it is: nothing after the signal runs in it, the checkpoint is
+    written, and the run is recorded as stopped by the signal during the final validation. The
+    same command again validates that update (with nothing left to train) and records it."""
+    job = tiny_train_job(
+        "trainer.valid_every=0", "trainer.valid_bleu_sentences=2", "trainer.max_steps=3",
+        "trainer.checkpoint_every=0", "trainer.checkpoint_every_minutes=0",
+    )  # fmt: skip
+    measure, after_the_signal = Validator.scores, []
+
+    def scores_with_a_signal(validator: Validator):
+        os.kill(os.getpid(), signal.SIGTERM)  # the grace period starts mid-validation
+        after_the_signal.append(RunDir(job.run_dir).checkpoints.step_file(3).exists())
+        return measure(validator)
+
+    monkeypatch.setattr(Validator, "scores", scores_with_a_signal)
+    assert step_of(train(job)) == 3
+    assert after_the_signal == []  # the validation went no further than the signal
+    end = RunDir(job.run_dir).history()[-1]
+    assert end["how"] == "stop signal"
+    assert end["reason"].startswith("reached trainer.max_steps=3, then a stop signal (SIGTERM)")
+    assert "during the final validation, which was left out" in end["reason"]
+    assert end["best"]["step"] is None  # nothing was validated
+
+    monkeypatch.setattr(Validator, "scores", measure)
+    assert step_of(train(job)) == 3
+    start, end = RunDir(job.run_dir).history()[-2:]
+    assert (start["kind"], start["step"], end["how"], end["step"]) == ("resume", 3, "finished", 3)
+    assert end["best"]["step"] == 3
+    saved = torch.load(RunDir(job.run_dir).checkpoints.last, weights_only=True)["progress"]
+    assert (saved["validated_step"], saved["best_step"]) == (3, 3)

@@ -492,6 +492,25 @@ def test_ranks_that_would_resume_different_checkpoints_both_stop(same_batches, t
     assert torch.load(run_dir / "checkpoints" / "last.pt", weights_only=True)["step"] == 4
 
 
+def test_a_run_folder_in_use_ends_every_rank_of_the_second_job_with_the_reason(
+    same_batches, tmp_path
+):
+    """Review t6, C6: a second 2-rank job (Slurm's variables) on a run folder that another job
+    holds. Its rank 0 is refused the folder (in use) and used to leave at once, and rank 1,
+    waiting in the start's agreement, ended with a 51-line gloo traceback ("Connection closed
+    by peer"). Now rank 0's refusal is part of that agreement: both end with one line, rank 1's
+    saying that rank 0 cannot start."""
+    run_dir = tmp_path / "run"
+    overrides = [*same_batches, "trainer.max_steps=2", f"run_dir={run_dir}"]
+    slurm = {"slurm_job": slurm_job_with_a_free_port()}
+    with RunDir(run_dir).lock():  # the first job's rank 0 holds it
+        run_two_ranks(overrides, slurm, slurm, succeed=False)
+    rank0, rank1 = (run_dir.with_name(f"rank{rank}.error").read_text() for rank in range(2))
+    assert f"{run_dir} is in use by PID {os.getpid()}" in rank0 and "\n" not in rank0
+    assert rank1 == f"rank 0 cannot start, so no rank does: {rank0}"
+    assert not (run_dir / "checkpoints").exists()
+
+
 def test_a_rank_that_fails_ends_both_ranks_at_once_and_every_error_starts_with_its_cause(
     same_batches, tmp_path
 ):

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from transformer_mt.commands.train import train
-from transformer_mt.errors import ConfigError
+from transformer_mt.errors import ConfigError, TransformerMTError
 from transformer_mt.launch import (
     first_host,
     port_of,
@@ -28,7 +28,7 @@ from transformer_mt.launch import (
 )
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train import signals
-from transformer_mt.train.distributed import cuda_index
+from transformer_mt.train.distributed import cuda_index, start_ranks
 from transformer_mt.train.trainer import Trainer
 
 # What srun gives task 3 of a step of 4 tasks over 2 nodes (2 each), in job 4242.
@@ -69,6 +69,8 @@ def test_the_batch_script_itself_is_one_process_not_a_rank_waiting_for_others():
     batch.update(SLURM_PROCID="0", SLURM_LOCALID="0")
     assert rank_variables(batch) == ({}, "none") and world_size(batch) == 1
     assert unused_slurm_tasks(batch) == 4  # start_ranks warns: start it with srun
+    with pytest.raises(TransformerMTError, match="SLURM_NTASKS='4x' is not a whole number"):
+        unused_slurm_tasks({**batch, "SLURM_NTASKS": "4x"})
     assert unused_slurm_tasks(SRUN_TASK) == 0
     one_task = {**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}
     assert rank_variables(one_task) == ({}, "none")
@@ -93,6 +95,89 @@ def test_submitit_local_tasks_are_ranks_on_this_machine():
         "MASTER_PORT": str(port_of("31337")),
     }
     assert 20_000 <= port_of("31337") < 60_000
+
+
+def without(environ: dict[str, str], name: str) -> dict[str, str]:
+    return {key: value for key, value in environ.items() if key != name}
+
+
+SUBMITIT_TASK = {"SUBMITIT_EXECUTOR": "local", "SUBMITIT_LOCAL_NTASKS": "2"}
+# Review t6, C5: launcher variables that no launcher gives, each of which waited out
+# trainer.rank_timeout_minutes, or failed with a traceback (KeyError, ValueError).
+INCONSISTENT = [
+    ({**SRUN_TASK, "SLURM_PROCID": "5"}, "SLURM_PROCID=5 is not below SLURM_STEP_NUM_TASKS=4"),
+    (without(SRUN_TASK, "SLURM_PROCID"), "SLURM_PROCID is not set: srun sets it"),
+    ({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "two"}, "SLURM_STEP_NUM_TASKS='two' is not a whole"),
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"}, "SLURM_STEP_NODELIST='': no node"),
+    ({**without(SRUN_TASK, "SLURM_JOB_ID")}, "SLURM_JOB_ID is not set (rank 0's port"),
+    (SUBMITIT_TASK, "SUBMITIT_LOCAL_GLOBALID is not set: submitit's local executor sets it"),
+    ({**SUBMITIT_TASK, "SUBMITIT_LOCAL_GLOBALID": "2"}, "SUBMITIT_LOCAL_GLOBALID=2 is not below"),
+]
+
+
+@pytest.mark.parametrize("environ,said", INCONSISTENT)
+def test_inconsistent_launcher_variables_are_one_line_naming_the_variable(environ, said):
+    with pytest.raises(TransformerMTError) as refused:
+        rank_variables(environ)
+    assert said in str(refused.value) and "\n" not in str(refused.value)
+
+
+LAUNCH_VARIABLES = (
+    *SRUN_TASK, "SLURM_JOB_NODELIST", "SUBMITIT_EXECUTOR", "SUBMITIT_LOCAL_NTASKS",
+    "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID", "SUBMITIT_LOCAL_JOB_ID", "RANK",
+    "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+    "GLOO_SOCKET_IFNAME",
+)  # fmt: skip
+
+
+def launched_as(monkeypatch, environ: dict[str, str]) -> None:
+    """This process's environment: `environ`'s launcher variables, no others; restored after
+    the test (start_ranks adds torchrun's)."""
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.setenv(name, "")  # so that the deletion below is undone after the test
+        monkeypatch.delenv(name)
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+
+
+def test_a_slurm_node_that_does_not_resolve_is_one_line_before_any_wait(monkeypatch):
+    task = {**SRUN_TASK, "SLURM_STEP_NODELIST": "nosuchnode[1-2].invalid", "SLURM_PROCID": "1"}
+    launched_as(monkeypatch, task)
+    with pytest.raises(TransformerMTError) as refused:
+        start_ranks("cpu", timeout_minutes=30)
+    message = str(refused.value)
+    assert message.startswith("MASTER_ADDR=nosuchnode1.invalid, rank 0's address (Slurm (srun)")
+    assert "SLURM_STEP_NODELIST" in message and "\n" not in message
+
+
+def test_a_rank_whose_others_never_come_is_one_line_after_the_rank_timeout(monkeypatch):
+    """Slurm's variables for rank 0 of 2, complete, but no rank 1: the wait of
+    trainer.rank_timeout_minutes (here 0.05, 3 s) ends in one line, not a DistStoreError."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    task = {**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0", "SLURM_LOCALID": "0"}
+    task.update(SLURM_NODEID="0", SLURM_STEP_NODELIST="localhost", MASTER_PORT=str(port))
+    launched_as(monkeypatch, task)
+    with pytest.raises(TransformerMTError) as refused:
+        start_ranks("cpu", timeout_minutes=0.05)
+    message = str(refused.value)
+    assert message.startswith("rank 0 of 2 did not meet the others at rank 0's store localhost")
+    assert "trainer.rank_timeout_minutes=0.05" in message and "\n" not in message
+
+
+def test_tmt_train_with_an_inconsistent_slurm_task_says_one_line_and_exits_2(tmp_path):
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCH_VARIABLES)}
+    environ.update({**SRUN_TASK, "SLURM_PROCID": "5"})
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "tmt-train"), "data=toy", "model=tiny",
+         f"run_dir={tmp_path / 'run'}", "trainer.rank_timeout_minutes=30"],
+        env=environ, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    (line,) = [line for line in done.stderr.splitlines() if "][ERROR]" in line]
+    assert "SLURM_PROCID=5 is not below SLURM_STEP_NUM_TASKS=4" in line
+    assert "Traceback" not in done.stderr and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize(

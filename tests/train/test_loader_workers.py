@@ -5,6 +5,7 @@ and end when the trainer is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import multiprocessing
@@ -156,3 +157,82 @@ def test_a_worker_killed_while_it_hands_a_batch_over_stops_training_with_what_to
     assert str(stopped.value).startswith("a data loader worker ended (killed by SIGKILL): most")
     with pytest.raises(ConnectionResetError):  # a reset with every worker alive is not theirs
         list(worker_batches(ResetWhileHandingOver([])))
+
+
+class ServerGoneWhileStarting:
+    """A loader whose fork server ended while it started a worker: multiprocessing reads the
+    worker's pid from the server's pipe and finds it closed."""
+
+    def __iter__(self):
+        raise EOFError("unexpected EOF")
+
+
+def test_a_fork_server_that_ends_while_it_starts_a_worker_is_one_line():
+    with pytest.raises(TransformerMTError) as stopped:
+        list(worker_batches(ServerGoneWhileStarting()))
+    message = str(stopped.value)
+    assert "\n" not in message
+    assert message.startswith("the data loader's fork server ended while it started a worker")
+    assert "resumes from the last checkpoint" in message
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:  # gone meanwhile
+            continue
+        if stat and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def fork_server_of(trainer: subprocess.Popen) -> int | None:
+    """The pid of the trainer's fork server once it exists (its command line names it; before
+    its exec it is a copy of the trainer); None where the trainer ended first."""
+    while trainer.poll() is None:
+        for pid in children(trainer.pid):
+            with contextlib.suppress(OSError):
+                if b"multiprocessing.forkserver" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+        time.sleep(0.001)
+    return None
+
+
+@pytest.mark.slow
+def test_a_stop_signal_to_the_process_group_as_the_fork_server_starts_saves_and_exits_0(
+    tiny_overrides, tmp_path
+):
+    """Review t6, C1: a SIGTERM to the whole process group (Slurm's, Ctrl-C's) right after the
+    fork server appeared, while it still imports torch: the server used to die of it (a 69-line
+    EOFError traceback in the trainer, exit 1, no checkpoint). It starts with the stop signals
+    held back, so the trainer alone acts on it: a checkpoint and exit 0."""
+    command = [
+        str(Path(sys.executable).parent / "tmt-train"),
+        *tiny_overrides,
+        "trainer.loader_workers=2",
+        "trainer.max_steps=1000",
+        "trainer.valid_every=0",
+        "trainer.valid_bleu_sentences=0",
+        f"run_dir={tmp_path / 'run'}",
+        f"data.prepared_dir={tmp_path / 'prepared'}",
+    ]
+    trainer = subprocess.Popen(
+        command, start_new_session=True, stderr=subprocess.PIPE, text=True
+    )  # a process group of its own: the trainer, its fork server and the workers
+    try:
+        server = fork_server_of(trainer)
+        if server is not None:
+            os.killpg(trainer.pid, signal.SIGTERM)
+        stderr = trainer.communicate(timeout=300)[1]
+    finally:
+        if trainer.poll() is None:
+            os.killpg(trainer.pid, signal.SIGKILL)
+    assert server is not None, stderr[-3000:]
+    assert trainer.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "stop signal (SIGTERM)" in stderr
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.pt", weights_only=True)
+    assert state["step"] >= 1

@@ -3,12 +3,15 @@ they are named where several hold, and the clock and signals as a lone process a
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 
 from transformer_mt.checkpoint import DataPosition, Progress, UpdateCounts
 from transformer_mt.config import TrainerConfig
 from transformer_mt.train.distributed import Ranks
+from transformer_mt.train.signals import StopSignals
 from transformer_mt.train.stopping import StopRules
 
 SETTINGS = TrainerConfig(max_steps=10, max_epochs=3, max_time_minutes=1.0, patience=2)
@@ -52,3 +55,18 @@ def test_a_lone_process_agrees_on_its_own_clock_and_signal_after_each_update():
     rules.agree(step=3, train_seconds=61.0, checkpoint_due=False)
     assert rules.reason(Progress()) == "stop signal (SIGTERM)"
     assert rules.epoch_limit == 3  # where the training batches end
+
+
+def test_sighup_is_a_stop_signal_unless_nohup_ignores_it():
+    """A closing terminal's SIGHUP stops the run with a checkpoint, as SIGTERM does; under
+    `nohup`, which ignores it so that the command outlives the terminal, it stays ignored."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with StopSignals() as caught:
+            assert signal.getsignal(signal.SIGHUP) == caught.handle
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # nohup
+        with StopSignals():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            assert signal.getsignal(signal.SIGTERM) != signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)

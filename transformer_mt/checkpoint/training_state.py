@@ -45,6 +45,7 @@ class ValidationProgress:
     best_score: float | None = None  # validation BLEU, or -loss when BLEU is off
     best_step: int | None = None  # the update best_score was measured at
     validations_without_improvement: int = 0
+    validated_step: int | None = None  # the update last validated (None: none, or not recorded)
 
 
 @dataclass

@@ -46,8 +46,9 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     run = RunDir(cfg.run_dir)
     with ending_together(ranks):  # a failing rank ends the others at once, its cause first
         policy = ExecutionPolicy.for_training(cfg.trainer, device)  # before any write
-        with run.lock() if ranks.is_main else contextlib.nullcontext():
-            last, stop_signal = train_ranks(cfg, run, ranks, policy, overrides or [])
+        with contextlib.ExitStack() as held:
+            refusal = lock_run(run, ranks, held)
+            last, stop_signal = train_ranks(cfg, run, ranks, policy, overrides or [], refusal)
         # Leave together: a rank that tears its connections down while another is still in its
         # last collectives (rank 0 validates and saves last) can abort that rank at exit.
         ranks.barrier()
@@ -55,9 +56,29 @@ def train(cfg: TrainJob, overrides: list[str] | None = None) -> Path:
     return last
 
 
+def lock_run(run: RunDir, ranks: Ranks, held: contextlib.ExitStack) -> TransformerMTError | None:
+    """Rank 0 takes the run folder's lock, held until `held` closes; returns its refusal (the
+    folder in use by another run, or one that cannot be locked), which the other ranks learn
+    where they agree on the start (agreed_start), so that each ends with the reason in one line
+    instead of a broken connection; None where it holds the lock, and on the other ranks."""
+    if not ranks.is_main:
+        return None
+    try:
+        held.enter_context(run.lock())
+    except TransformerMTError as refusal:
+        return refusal
+    return None
+
+
 def train_ranks(
-    cfg: TrainJob, run: RunDir, ranks: Ranks, policy: ExecutionPolicy, overrides: list[str]
+    cfg: TrainJob,
+    run: RunDir,
+    ranks: Ranks,
+    policy: ExecutionPolicy,
+    overrides: list[str],
+    refusal: TransformerMTError | None = None,
 ) -> tuple[Path, str | None]:
+    """`refusal`: rank 0's refusal of the run folder (lock_run), which ends every rank."""
     # Absolute paths, so that eval and translate find the corpus from any working directory.
     cfg.data.prepared_dir = str(Path(cfg.data.prepared_dir).resolve())
     if cfg.data.dir is not None:
@@ -67,7 +88,7 @@ def train_ranks(
             cfg.data.corpora[name] = {**corpus, "dir": str(Path(corpus["dir"]).resolve())}
     use_parent_tokenizer(cfg)
     # Every check before the first write: a refused command leaves the run folder as it was.
-    start = agreed_start(cfg, run, ranks, policy.precision)
+    start = agreed_start(cfg, run, ranks, policy.precision, refusal)
     if not ranks.is_main:
         logging.getLogger("transformer_mt").setLevel(logging.WARNING)
         return train_started(cfg, run, start, ranks, policy, overrides)
@@ -82,18 +103,28 @@ def train_ranks(
         return train_started(cfg, run, start, ranks, policy, overrides)
 
 
-def agreed_start(cfg: TrainJob, run: RunDir, ranks: Ranks, precision: str) -> Start:
+def agreed_start(
+    cfg: TrainJob,
+    run: RunDir,
+    ranks: Ranks,
+    precision: str,
+    refusal: TransformerMTError | None = None,
+) -> Start:
     """This rank's start (train/start.plan_start), once every rank has planned the same one: the
     same prepared folder (another corpus or setting on one node would make the others wait for
     a folder that never appears) and the same checkpoint (a stale listing on one node must not
-    resume another step). Every rank raises when one refuses or when they differ."""
-    folder, start, refusal = prepared_folder(cfg.data), None, None
-    try:
-        start = plan_start(cfg, run, folder, precision)
-    except TransformerMTError as error:
-        refusal = error
+    resume another step). Every rank raises when one refuses (`refusal`: this rank's already,
+    rank 0's of the run folder) or when they differ."""
+    folder, start = None, None
+    if refusal is None:
+        try:
+            folder = prepared_folder(cfg.data)
+            start = plan_start(cfg, run, folder, precision)
+        except TransformerMTError as error:
+            refusal = error
     resumed = f"{start.path} (update {start.step})" if start and start.path else "none"
-    mine = {"refused": str(refusal or ""), "prepared folder": folder.name, "checkpoint": resumed}
+    name = folder.name if folder else ""
+    mine = {"refused": str(refusal or ""), "prepared folder": name, "checkpoint": resumed}
     views = [json.loads(view) for view in ranks.gather_text(json.dumps(mine))]
     if refusal is not None:
         raise refusal
@@ -160,8 +191,7 @@ def train_started(
             record_end(run, end_record("error", describe_error(error), step))
         raise
     if ranks.is_main:
-        how = "stop signal" if trainer.stop_rules.signalled else "finished"
-        record = end_record(how, reason, trainer.progress.step)
+        record = end_record(how_it_ended(trainer), reason, trainer.progress.step)
         run.append_history(record | best_record(trainer, policy))
     return run.checkpoints.last, trainer.stop_rules.signals.received
 
@@ -334,6 +364,15 @@ def record_end(run: RunDir, record: dict) -> None:
         run.append_history(record)
     except OSError as error:
         log.warning("could not record the end in %s (%s)", run.path / run.HISTORY, error.strerror)
+
+
+def how_it_ended(trainer: Trainer) -> str:
+    """The end record's `how` of a run that ended without an error: stopped by a signal (the
+    same command continues it), diverged (its best score is from before; a sweep counts it as
+    a failed trial), or finished."""
+    if trainer.stop_rules.signalled:
+        return "stop signal"
+    return "diverged" if trainer.stop_rules.diverged else "finished"
 
 
 def end_record(how: str, reason: str, step: int) -> dict:

@@ -68,17 +68,19 @@ class Checkpointer:
         stopping: bool = False,
         clock_due: bool = False,
         last: bool = False,
+        validated: bool = False,
     ) -> None:
         """Write the checkpoint of this update where a reason holds: a new best validation score
         (`improved`), a stop signal (`stopping`), rank 0's trainer.checkpoint_every_minutes clock
         as the ranks agreed it (`clock_due`: StopRules.agree), a trainer.checkpoint_every update
         spaced enough from the previous checkpoint (`periodic_due`); and the `last` update, the
-        run's end state, where last.pt does not hold it yet. A collective: every rank calls it
-        with the same arguments (each agreed)."""
+        run's end state, where last.pt does not hold it yet, or holds it without the validation
+        just `validated` (a checkpoint written as a stop signal cut that validation short). A
+        collective: every rank calls it with the same arguments (each agreed)."""
         if improved or stopping or clock_due:
             due = True
         elif last:
-            due = self.saved_step != progress.step
+            due = validated or self.saved_step != progress.step
         else:
             due = self.periodic_due(progress.step)
         if due:

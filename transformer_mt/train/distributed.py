@@ -155,13 +155,38 @@ def start_ranks(
         device = torch.device("cuda", index)
     prepare_process(device, threads)  # its GPU current before NCCL starts
     backend = "nccl" if device.type == "cuda" else "gloo"
+    check_master_address(os.environ, launcher)
     use_gloo_interface(os.environ, log_it=local_rank == 0)
     timeout = datetime.timedelta(minutes=timeout_minutes)
-    dist.init_process_group(backend, timeout=timeout)
+    try:
+        dist.init_process_group(backend, timeout=timeout)
+    except dist.DistError as error:  # DistStoreError (a timeout), DistNetworkError
+        raise TransformerMTError(
+            f"rank {rank} of {world_size} did not meet the others at rank 0's store "
+            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} ({launcher}) within "
+            f"trainer.rank_timeout_minutes={timeout_minutes:g} ({one_line(error)}): every rank "
+            "must start, with the same MASTER_ADDR and MASTER_PORT, and reach rank 0's machine"
+        ) from error
     control = (
         dist.new_group(backend="gloo", timeout=timeout) if backend != "gloo" else dist.group.WORLD
     )
     return Ranks(rank, world_size, local_rank, control), device
+
+
+def check_master_address(environ: Mapping[str, str], launcher: str) -> None:
+    """Rank 0's address resolves, before any rank waits on it: one that does not (a node name
+    from a host list that no name server knows) fails only after torch's retries, in a long
+    traceback."""
+    master = environ["MASTER_ADDR"]
+    try:
+        socket.getaddrinfo(master, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as error:
+        cause = getattr(error, "strerror", None) or str(error)
+        raise TransformerMTError(
+            f"MASTER_ADDR={master}, rank 0's address ({launcher}; under Slurm the first node of "
+            f"SLURM_STEP_NODELIST unless MASTER_ADDR is set), does not resolve ({cause}): every "
+            "rank must reach rank 0's machine by this name"
+        ) from error
 
 
 def cuda_index(rank: int, local_rank: int, visible: int, launcher: str) -> int:

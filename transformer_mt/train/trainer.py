@@ -247,8 +247,8 @@ class Trainer:
         """Train until a stop rule names a reason, then validate and save the end state (the
         end's validation is left out after a stop signal, which leaves no time for it); return
         the reason. The TensorBoard writer is closed however it ends. Stop signals are caught
-        until the end state is saved: one that comes during the final validation lets it finish
-        and save."""
+        until the end state is saved: one that comes during the final validation ends it, and
+        the checkpoint is written without it (`finish`)."""
         try:
             with self.stop_rules:
                 reason = self.run_updates()
@@ -258,7 +258,11 @@ class Trainer:
                     self.counts.step,
                     self.counts.train_seconds / 60,
                 )
-                self.finish()
+                if not self.finish():
+                    reason = (
+                        f"{reason}, then a {self.stop_rules.reason(self.progress)} during the "
+                        "final validation, which was left out (the same command validates it)"
+                    )
             return reason
         except Exception as error:
             failure = named_compile_failure(error, self.compile_cache)  # None: not torch.compile's
@@ -269,13 +273,21 @@ class Trainer:
             if self.metrics:
                 self.metrics.close()
 
-    def finish(self) -> None:
+    def finish(self) -> bool:
         """The end state: its validation, where the last update has none (none after a stop
-        signal, which leaves no time for it), and its checkpoint, where last.pt lacks it."""
+        signal, which leaves no time for it), and its checkpoint, where last.pt lacks either. A
+        stop signal during that validation ends it (a pre-emption's grace period may be shorter
+        than a validation): the checkpoint is written without it, and the run counts as stopped
+        by the signal. Whether the end state has its validation (False: the signal cut it)."""
         verdict = Verdict()
         if not self.stop_rules.signalled and self.validator.due(self.counts.step, last=True):
             verdict = self.validate()
-        self.checkpointer.save_if_due(self.progress, improved=verdict.improved, last=True)
+        if verdict.interrupted:
+            self.stop_rules.signalled = True  # every rank learnt it with the verdict
+        self.checkpointer.save_if_due(
+            self.progress, improved=verdict.improved, last=True, validated=verdict.judged
+        )
+        return not verdict.interrupted
 
     def run_updates(self) -> str:
         """Updates until a stop rule names a reason; after each, the parts decide for themselves
@@ -306,11 +318,14 @@ class Trainer:
 
     def after_update(self, window: ThroughputWindow, bar: tqdm) -> ThroughputWindow:
         """After an update every part decides for itself: a log line every trainer.log_every
-        updates, a validation, the stop rules' agreement among ranks, a checkpoint (the time of
-        the last two left out of the window's). Returns the logging window."""
-        step, stop = self.counts.step, self.stop_rules
-        if step % self.cfg.trainer.log_every == 0:
+        updates (and a read of the non-finite updates every trainer.max_nonfinite_updates, for
+        the stop rules), a validation, the stop rules' agreement among ranks, a checkpoint (the
+        time of the last two left out of the window's). Returns the logging window."""
+        step, stop, settings = self.counts.step, self.stop_rules, self.cfg.trainer
+        if step % settings.log_every == 0:
             window = self.log_window(window, bar)
+        elif step % settings.max_nonfinite_updates == 0:
+            self.read_nonfinite()
         verdict = Verdict()
         if self.validator.due(step):
             with window.aside():
@@ -334,18 +349,25 @@ class Trainer:
         self.counts.train_seconds += seconds
 
     def validate(self) -> Verdict:
-        """The validator's verdict on this update; its scores reported (rank 0)."""
-        verdict = self.validator.run(self.counts.step)
-        if self.metrics is not None:
+        """The validator's verdict on this update; its scores reported (rank 0). A stop signal
+        ends a validation at once, also one that came before it began: its checkpoint comes
+        first (a pre-emption's grace period may be shorter than a validation)."""
+        verdict = self.validator.run(self.counts.step, self.stop_rules.signals.interrupting)
+        if verdict.interrupted:
+            if self.ranks.is_main:
+                log.warning(
+                    "the validation of update %d is left out: a stop signal came, and the "
+                    "checkpoint comes first",
+                    self.counts.step,
+                )
+        elif self.metrics is not None:
             self.metrics.validation(verdict.scores, self.counts.step)
         return verdict
 
     def log_window(self, window: ThroughputWindow, bar: tqdm) -> ThroughputWindow:
         """Report the window of updates since the last log (rank 0) and have the stop rules
         read its non-finite gradients; returns the next window."""
-        skipped, in_a_row = self.nonfinite.read()
-        self.counts.skipped_updates += skipped
-        self.stop_rules.check_gradients(in_a_row)
+        self.read_nonfinite()
         if self.metrics is not None:
             stats = self.metrics.window(window.updates, window.seconds(), self.progress)
             shown = stats.bar_postfix()
@@ -354,6 +376,16 @@ class Trainer:
                 shown["time_left"] = f"{left:.1f}min"
             bar.set_postfix(shown, refresh=False)
         return ThroughputWindow()
+
+    def read_nonfinite(self) -> None:
+        """The updates skipped for a non-finite gradient since the last read, counted; the stop
+        rules judge the longest run of them in a row. A read waits for the device, so it comes
+        at each log and every trainer.max_nonfinite_updates updates (the same updates on every
+        rank, whose gradients are the same): a run that diverges stops at most that many
+        updates minus one past the limit."""
+        skipped, in_a_row = self.nonfinite.read()
+        self.counts.skipped_updates += skipped
+        self.stop_rules.check_gradients(in_a_row)
 
     def progress_bar(self) -> tqdm:
         """Updates counted on a terminal: a log file (a cluster job's) gets the text lines."""

@@ -2,13 +2,16 @@
 label-smoothed loss and perplexity on the whole (binarized) valid split, and keeps the best
 score and the patience spent (`ValidationProgress`, saved in every checkpoint). BLEU comes from
 the command, which knows how to translate (commands/train.py); the trainer hands the scores to
-its metrics."""
+its metrics. A validation can be cut short (a stop signal: train/signals.py), and is then left
+out: nothing of it is judged, and every rank learns it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +25,7 @@ from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import Transformer
 from transformer_mt.train.distributed import Ranks
 from transformer_mt.train.loss import TrainingLoss
+from transformer_mt.train.signals import Interrupted
 
 
 @dataclass(frozen=True)
@@ -80,9 +84,12 @@ def validation_loss(
 
 @dataclass(frozen=True)
 class Verdict:
-    """What a validation decided, the same on every rank: a new best score, the patience used
-    up; and rank 0's scores (None on the other ranks, and where no validation ran)."""
+    """What a validation decided, the same on every rank: whether it ran to its end and was
+    judged, or was cut short (`interrupted`); a new best score, the patience used up; and rank
+    0's scores (None on the other ranks, and where no validation was judged)."""
 
+    judged: bool = False
+    interrupted: bool = False
     improved: bool = False
     exhausted: bool = False
     scores: ValidationScores | None = None
@@ -108,7 +115,6 @@ class Validator:
         self.model, self.loss_of, self.data, self.policy = model, loss_of, data, policy
         self.ranks, self.settings, self.bleu = ranks, settings, bleu
         self.progress = ValidationProgress()
-        self.validated_step = -1
 
     @property
     def metric(self) -> str:
@@ -117,22 +123,37 @@ class Validator:
 
     def due(self, step: int, *, last: bool = False) -> bool:
         """Whether update `step` is validated: every trainer.valid_every updates; the `last`
-        update where it has no validation yet."""
+        update where it has no validation yet (a resumed checkpoint's progress says)."""
         if last:
-            return self.validated_step != step
+            return self.progress.validated_step != step
         every = self.settings.valid_every
         return bool(every) and step % every == 0
 
-    def run(self, step: int) -> Verdict:
-        """Validate update `step` on rank 0, judge its score, and share the verdict."""
-        improved = exhausted = False
+    def run(
+        self,
+        step: int,
+        interruptible: Callable[[], AbstractContextManager] = contextlib.nullcontext,
+    ) -> Verdict:
+        """Validate update `step` on rank 0, judge its score, and share the verdict. The scores
+        are measured in `interruptible()`, which may cut them short (raising Interrupted: a
+        stop signal, StopSignals.interrupting); then nothing is judged."""
+        improved = exhausted = interrupted = False
         scores = None
         if self.ranks.is_main:
-            scores = self.scores()
-            improved, exhausted = self.judge(scores, step)
-        agreed = self.ranks.broadcast([float(improved), float(exhausted)])
-        self.validated_step = step
-        return Verdict(improved=bool(agreed[0]), exhausted=bool(agreed[1]), scores=scores)
+            try:
+                with interruptible():
+                    scores = self.scores()
+            except Interrupted:
+                interrupted = True
+            else:
+                improved, exhausted = self.judge(scores, step)
+        agreed = self.ranks.broadcast([float(improved), float(exhausted), float(interrupted)])
+        if agreed[2]:
+            return Verdict(interrupted=True)
+        self.progress.validated_step = step
+        return Verdict(
+            judged=True, improved=bool(agreed[0]), exhausted=bool(agreed[1]), scores=scores
+        )
 
     def scores(self) -> ValidationScores:
         """The loss (and BLEU) on the valid split (rank 0)."""
