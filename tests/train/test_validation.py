@@ -25,7 +25,9 @@ def test_validation_bleu_translates_raw_sources_and_scores_raw_references(
     monkeypatch.setattr(
         Translator, "for_model", lambda *args, **kwargs: Translator.__new__(Translator)
     )
-    monkeypatch.setattr(Translator, "translate", lambda self, sentences: list(sentences))
+    monkeypatch.setattr(
+        Translator, "translate", lambda self, sentences, decode=None: list(sentences)
+    )
     policy = ExecutionPolicy.for_training(job.trainer, torch.device("cpu"))
     bleu = valid_bleu(job, data, policy)(None)
     assert asked == [2]

@@ -256,7 +256,8 @@ def valid_bleu(
         return None
     sets = valid_sets(cfg, data, count)
     decode = validation_decode(cfg, policy)
-    languages = TargetLanguages.of(cfg.data, data.tokenizers.src)
+    several = bool(cfg.data.language_tags)
+    languages = TargetLanguages.of(cfg.data, data.tokenizers.src) if several else None
 
     def score(model: Transformer) -> float:
         translator = Translator.for_model(
@@ -269,7 +270,7 @@ def valid_bleu(
         )
         scores = {}
         for pair, (tgt_lang, sources, references) in sets.items():
-            into = dataclasses.replace(decode, tgt_lang=tgt_lang) if languages.tags else decode
+            into = dataclasses.replace(decode, tgt_lang=tgt_lang) if several else decode
             hypotheses = translator.translate(sources, decode=into)
             scores[pair] = sacrebleu_scores(hypotheses, references).bleu
         if len(scores) > 1:
