@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from console_commands import run_commands_together
 
 from transformer_mt.config import DataConfig, compose_job
 from transformer_mt.data.batching import BatchDataset, epoch_batches
@@ -272,3 +273,39 @@ def test_corpora_into_several_languages_put_their_language_tag_first(tmp_path, f
 def test_one_target_language_has_no_language_tag(tmp_path, files_data):
     cfg = files_data('+data.corpora.more={tag:"<BT>"}')
     assert cfg.language_tags == {} and cfg.tags == ["<BT>"]
+
+
+def test_bad_corpora_on_the_command_line_are_one_line_and_exit_2(tmp_path, files_data):
+    """Through tmt-train as a user runs it: two corpora of one name (a preset's duplicate key,
+    an override given twice), a weight that is no number, a corpus whose files are missing;
+    each one error line, exit 2, no run folder and nothing prepared."""
+    preset = tmp_path / "twice.yaml"
+    preset.write_text(
+        "defaults:\n  - demo\n  - _self_\ndata:\n  corpora:\n"
+        "    bt:\n      toy_seed: 2\n    bt:\n      toy_seed: 3\n",
+        encoding="utf-8",
+    )
+    run = [f"run_dir={tmp_path / 'run'}", f"data.prepared_dir={tmp_path / 'prepared'}"]
+    commands = [
+        ["tmt-train", "--config-dir", str(tmp_path), "--config-name", "twice", *run],
+        ["tmt-train", "--config-name", "demo", *run, "+data.corpora.bt.toy_seed=2"]
+        + ["+data.corpora.bt.toy_seed=3"],
+        ["tmt-train", "--config-name", "demo", *run, "+data.corpora.bt.weight=heavy"],
+        ["tmt-train", "--config-name", "demo", *run, f"+data.corpora.bt.dir={tmp_path}/none"]
+        + ["+data.corpora.bt.source=files"],
+    ]
+    said = [
+        "twice.yaml:8: found duplicate key bt",
+        "An item is already at 'data.corpora.bt.toy_seed'",
+        "config key 'data.corpora.bt.weight'",
+        f"{tmp_path}/none/train.en: no such file",
+    ]
+    for result, expected in zip(run_commands_together(commands), said, strict=True):
+        said_wrong = [
+            line
+            for line in result.stderr.decode().splitlines()
+            if "][ERROR]" in line or "Traceback" in line
+        ]  # the info lines of a start come first where the data is read
+        assert result.returncode == 2 and len(said_wrong) == 1, result.stderr.decode()
+        assert expected in said_wrong[0], said_wrong
+    assert not (tmp_path / "run").exists() and not (tmp_path / "prepared").exists()
