@@ -292,12 +292,12 @@ def one_line_for_a_full_disk(cache: Path) -> None:
     """Put a FullDiskWarnings on each of torch's log handlers (its loggers log through their own,
     not the root's), in place of an earlier one."""
     warnings = FullDiskWarnings(cache)
-    loggers = list(logging.Logger.manager.loggerDict.items())
-    for name, logger in loggers:
-        if not (name == "torch" or name.startswith("torch.")) or not isinstance(
-            logger, logging.Logger
-        ):
-            continue
+    torch_loggers = [
+        logger
+        for name, logger in list(logging.Logger.manager.loggerDict.items())
+        if isinstance(logger, logging.Logger) and (name == "torch" or name.startswith("torch."))
+    ]
+    for logger in torch_loggers:
         for handler in logger.handlers:
             for earlier in [f for f in handler.filters if isinstance(f, FullDiskWarnings)]:
                 handler.removeFilter(earlier)
