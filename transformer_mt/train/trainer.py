@@ -34,7 +34,11 @@ from transformer_mt.model import Transformer
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.batches import TrainingBatches
 from transformer_mt.train.checkpointer import Checkpointer, TrainingParts
-from transformer_mt.train.compile_cache import named_compile_failure, use_compile_cache
+from transformer_mt.train.compile_cache import (
+    named_compile_failure,
+    remove_private_folder,
+    use_compile_cache,
+)
 from transformer_mt.train.distributed import Ranks, small_micro_batch_warning
 from transformer_mt.train.flops import update_flops
 from transformer_mt.train.loss import LossSums, TrainingLoss
@@ -76,15 +80,19 @@ class Trainer:
         record = CheckpointRecord.of_run(cfg.model, data.tokenizers, data.folder.name)
         record = dataclasses.replace(record, precision=policy.precision)  # a resume keeps it
         self.model = record.build_model().to(self.device)
+        # Where torch.compile keeps its kernels, on every rank, before anything compiles: a rank
+        # left to torch's default would read the shared temp folder's cache. Rank 0 names an
+        # older version's cache in the run folder.
+        self.compile_cache = None
+        if policy.compile:
+            old = run.old_compile_cache if self.ranks.is_main else None
+            self.compile_cache = use_compile_cache(policy, old)
         # The model and its loss, with the policy's kernels and compiled layers, as a
         # micro-batch runs them (validation's loss runs it too); under DDP with several ranks.
         self.loss_module = TrainingLoss.for_policy(
             self.model, policy, epsilon=cfg.optim.label_smoothing, pad_id=PAD_ID
         )
         self.train_model = self.distributed(self.loss_module)
-        self.compile_cache = None  # where torch.compile keeps its kernels (rank 0's, if it does)
-        if policy.compile and self.ranks.is_main:
-            self.compile_cache = use_compile_cache(policy, run.old_compile_cache)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.scales_loss)
         self.mix = CorpusMix.of(data, cfg.data)
@@ -246,9 +254,10 @@ class Trainer:
     def fit(self) -> str:
         """Train until a stop rule names a reason, then validate and save the end state (the
         end's validation is left out after a stop signal, which leaves no time for it); return
-        the reason. The TensorBoard writer is closed however it ends. Stop signals are caught
-        until the end state is saved: one that comes during the final validation ends it, and
-        the checkpoint is written without it (`finish`)."""
+        the reason. The TensorBoard writer is closed, and a compile cache of this run alone
+        removed, however it ends. Stop signals are caught until the end state is saved: one that
+        comes during the final validation ends it, and the checkpoint is written without it
+        (`finish`)."""
         try:
             with self.stop_rules:
                 reason = self.run_updates()
@@ -272,6 +281,7 @@ class Trainer:
         finally:
             if self.metrics:
                 self.metrics.close()
+            remove_private_folder(self.compile_cache)  # where it compiled for this run alone
 
     def finish(self) -> bool:
         """The end state: its validation, where the last update has none (none after a stop
