@@ -386,8 +386,9 @@ class DataConfig:
         }
         if corpus.split is not None:
             own["train_split"] = corpus.split
+        # carve_valid=0: its whole training split is read, none of it carved out as a valid set
         return dataclasses.replace(
-            self, **own, name=name, weight=corpus.weight, tag=corpus.tag, corpora={}
+            self, **own, name=name, weight=corpus.weight, tag=corpus.tag, corpora={}, carve_valid=0
         )
 
     @property

@@ -309,3 +309,19 @@ def test_bad_corpora_on_the_command_line_are_one_line_and_exit_2(tmp_path, files
         assert result.returncode == 2 and len(said_wrong) == 1, result.stderr.decode()
         assert expected in said_wrong[0], said_wrong
     assert not (tmp_path / "run").exists() and not (tmp_path / "prepared").exists()
+
+
+def test_a_hugging_face_corpus_without_a_valid_split_is_read_whole(tmp_path, files_data):
+    """data.carve_valid carves the main corpus's valid split alone: a corpus beside it gives all
+    its pairs to training (before, 2,000 of them would have been carved out and never read)."""
+    import datasets
+
+    rows = {"en": [f"a saved line {i}" for i in range(30)], "de": [f"Zeile {i}" for i in range(30)]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(
+        str(tmp_path / "saved")
+    )
+    cfg = files_data(
+        f'+data.corpora.saved={{source:hf,hf_path:"{tmp_path / "saved"}",hf_config:null}}',
+        "data.carve_valid=10",
+    )
+    assert len(prepare_corpora(cfg).extra[0].train) == 30

@@ -184,10 +184,13 @@ def text_columns(names: list[str], cfg: DataConfig) -> tuple[str, str] | None:
 
 def hf_split(cfg: DataConfig, split: str):
     """One split of the dataset; without a split named data.valid_split, 'valid' is
-    data.carve_valid pairs drawn from train (seeded by data.seed) and 'train' is the rest."""
+    data.carve_valid pairs drawn from train (seeded by data.seed) and 'train' is the rest
+    (data.carve_valid=0: 'train' is all of it, and there is no 'valid')."""
     splits = load_hf_splits(cfg.hf_path, cfg.hf_config, cfg.hf_revision, data_files_key(cfg))
     name = split_name(cfg, split)
     carving = split in ("train", "valid") and cfg.valid_split not in splits
+    if carving and split == "train" and cfg.carve_valid == 0:  # nothing carved: all of it
+        carving = False
     if not carving:
         if name not in splits:
             raise DataError(
