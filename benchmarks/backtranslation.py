@@ -156,7 +156,11 @@ def main() -> None:
     args = parse_args()
     work = args.workdir.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    print("\n".join(report_header()), flush=True)
+    print(
+        *report_header("back-translation on Multi30k de→en: (i) A, (ii) A + BT(B), (iii) A + B"),
+        sep="\n",
+        flush=True,
+    )
     halves = split_halves(args.data.resolve(), work, args.seed, args.limit)
     a, b = halves["A"], halves["B"]
     results = {"(i) de-en, A": trained_and_scored("i_de_en_A", work, args, f"data.dir={a}")}

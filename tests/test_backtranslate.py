@@ -130,3 +130,22 @@ def test_a_folder_of_other_files_is_no_output(one_update_run, tmp_path):
     with pytest.raises(ConfigError, match="holds other files"):
         backtranslate(job(one_update_run, mono(tmp_path), busy))
     assert [p.name for p in busy.iterdir()] == ["notes.txt"]
+
+
+def test_empty_translations_are_counted_and_the_command_says_so(
+    one_update_run, tmp_path, caplog, monkeypatch
+):
+    # An undertrained model writes empty lines: here, for every input that holds a 1.
+    translate = module.Translator.translate
+
+    def some_empty(self, sentences, *args, **kwargs):
+        texts = translate(self, sentences, *args, **kwargs)
+        return ["" if "1" in s else text for s, text in zip(sentences, texts, strict=True)]
+
+    monkeypatch.setattr(module.Translator, "translate", some_empty)
+    output = tmp_path / "bt"
+    backtranslate(job(one_update_run, mono(tmp_path), output))
+    empty = sum(1 for line in (output / "train.de").read_text("utf-8").splitlines() if not line)
+    record = json.loads((output / "backtranslation.json").read_text())
+    assert empty == 12 and record["empty_translations"] == 12
+    assert "12 of 23 translations are empty (training drops those pairs)" in caplog.text

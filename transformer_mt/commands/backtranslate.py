@@ -64,10 +64,17 @@ def backtranslate(job: BacktranslateJob) -> Path:
     chunks.mkdir(parents=True, exist_ok=True)
     write_record(output, wanted | {"complete": False})
     translate_chunks(translator, job, source, chunks, lines)
-    write_corpus(output, job.split, languages, source, chunks, lines)
-    write_record(output, wanted | {"complete": True})
+    empty = write_corpus(output, job.split, languages, source, chunks, lines)
+    write_record(output, wanted | {"complete": True, "empty_translations": empty})
     shutil.rmtree(chunks)
     log.info("wrote %s: %d pairs, %s", output, lines, ", ".join(corpus_files(job, languages)))
+    if empty:
+        log.warning(
+            "%d of %d translations are empty (training drops those pairs): is %s trained enough?",
+            empty,
+            lines,
+            translator.origin["checkpoint"],
+        )
     return output
 
 
@@ -245,14 +252,15 @@ def write_corpus(
     source: Path,
     chunks: Path,
     lines: int,
-) -> None:
+) -> int:
     """The corpus's two files: the input's lines as they are (line breaks inside a line aside)
-    and the chunks' translations in order; DataError when a chunk is missing or short."""
+    and the chunks' translations in order; the number of empty translations. DataError when a
+    chunk is missing or short."""
     inputs = replacing(output / f"{split}.{languages[0]}")
     with inputs as temporary, open(temporary, "w", encoding="utf-8") as out:
         for chunk in read_chunks(source, 10_000):
             out.writelines(line + "\n" for line in chunk)
-    written, number = 0, 0
+    written, number, empty = 0, 0, 0
     translations = replacing(output / f"{split}.{languages[1]}")
     with translations as temporary, open(temporary, "w", encoding="utf-8") as out:
         while written < lines:
@@ -262,6 +270,8 @@ def write_corpus(
             text = path.read_text(encoding="utf-8")
             out.write(text)
             written += text.count("\n")
+            empty += sum(1 for line in text.split("\n")[:-1] if not line.strip())
             number += 1
     if written != lines:
         raise DataError(f"{chunks}: {written} translated lines for {lines} input lines")
+    return empty
