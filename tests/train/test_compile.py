@@ -214,9 +214,7 @@ class Planted:
 
 
 @pytest.mark.slow
-def test_a_cache_planted_in_the_run_folder_runs_nothing(
-    tiny_train_job, tiny_overrides, tmp_path, monkeypatch
-):
+def test_a_cache_planted_in_the_run_folder_runs_nothing(tiny_train_job, tmp_path, monkeypatch):
     """The review's probe: a run folder whose compile-cache/ holds a pickle in every graph's
     folder (as a copied run folder, or an older version's, would), resumed with
     trainer.compile=true. Before, torch unpickled it while compiling the first update. Now the
@@ -248,21 +246,38 @@ def test_a_cache_planted_in_the_run_folder_runs_nothing(
     counters = torch._dynamo.utils.counters["inductor"]
     assert counters["fxgraph_cache_hit"] > 0 and counters["fxgraph_cache_miss"] == 0, counters
 
-    # The review's damaged cache: every shared library of it garbled (replaced, not written
-    # over: this process has them loaded), read by a new process. One line, naming it.
+
+@pytest.mark.slow
+def test_a_damaged_compile_cache_is_one_line_naming_it(tiny_overrides, tmp_path):
+    """The review's damaged cache: every shared library of the user's cache garbled, read by a
+    new process. The cache is written by a new process too: a test process's torch state (left
+    by earlier tests in the same worker) can give its kernels other keys than a new process's,
+    and then the damaged kernels are never read."""
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the user's choice: none
+    user_cache = tmp_path / "xdg" / "transformer_mt" / "compile"
+    overrides = [
+        *tiny_overrides,
+        "trainer.compile=true",
+        "trainer.valid_every=0",
+        "trainer.valid_bleu_sentences=0",
+        f"run_dir={tmp_path / 'run'}",
+        f"data.prepared_dir={tmp_path / 'prepared'}",
+    ]
+    command = [str(Path(sys.executable).parent / "tmt-train"), *overrides]
+    first = subprocess.run(
+        [*command, "trainer.max_steps=1"], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert first.returncode == 0, first.stderr[-3000:]
     (in_use,) = user_cache.iterdir()
-    for library in in_use.rglob("*.so"):
+    libraries = list(in_use.rglob("*.so"))
+    assert libraries
+    for library in libraries:
         garbled = library.with_name(library.name + ".garbled")
         garbled.write_bytes(os.urandom(256))
         os.replace(garbled, library)
-    overrides = [*tiny_overrides, *quick, f"run_dir={run}", "trainer.max_steps=3"]
-    overrides.append(f"data.prepared_dir={tmp_path / 'prepared'}")
     result = subprocess.run(
-        [str(Path(sys.executable).parent / "tmt-train"), *overrides],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")},
+        [*command, "trainer.max_steps=2"], capture_output=True, text=True, timeout=600, env=env
     )
     assert result.returncode == 2, result.stderr[-3000:]
     (error,) = [line for line in result.stderr.splitlines() if "[ERROR]" in line]
