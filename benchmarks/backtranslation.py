@@ -93,11 +93,16 @@ def split_halves(data: Path, work: Path, seed: int, limit: int | None) -> dict[s
     return folders | {"mono": work / "mono.en"}
 
 
-def trained_and_scored(name: str, work: Path, args: argparse.Namespace, *overrides: str) -> dict:
-    """The recipe's run `name` (skipped when its scores are there), averaged and evaluated."""
+def trained_and_scored(
+    name: str, work: Path, args: argparse.Namespace, *overrides: str, pairs: tuple[str, ...] = ()
+) -> dict:
+    """The recipe's run `name` (skipped when its scores are there), averaged and evaluated: its
+    scores.test.json, or, of a model of several target languages, each of `pairs`' scores
+    (scores.test.PAIR.json, by pair)."""
     run_dir = work / name
-    scores = run_dir / "scores.test.json"
-    if not scores.is_file():
+    suffixes = [f".{pair}" for pair in pairs] or [""]
+    files = [run_dir / f"scores.test{suffix}.json" for suffix in suffixes]
+    if not all(file.is_file() for file in files):
         started = time.perf_counter()
         run(
             [
@@ -122,7 +127,8 @@ def trained_and_scored(name: str, work: Path, args: argparse.Namespace, *overrid
             ]
         )
         print(f"# {name}: {time.perf_counter() - started:.0f} s in all", flush=True)
-    return json.loads(scores.read_text())
+    scores = [json.loads(file.read_text()) for file in files]
+    return dict(zip(pairs, scores, strict=True)) if pairs else scores[0]
 
 
 def backtranslated(work: Path, mono: Path, args: argparse.Namespace) -> tuple[Path, float]:
