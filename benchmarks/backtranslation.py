@@ -41,14 +41,21 @@ SPLITS = ("train", "val", "test_2016_flickr")
 RECIPE = ["--config-name", "multi30k", "data=multi30k_files_de_en"]
 
 
-def parse_args() -> argparse.Namespace:
+def recipe_parser(description: str, seed_help: str) -> argparse.ArgumentParser:
+    """The arguments of an experiment of CPU-recipe runs on Multi30k (this one, and
+    benchmarks/both_directions.py): --data, --workdir, --minutes, --seed."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", type=Path, required=True, help="the Multi30k raw text folder")
-    parser.add_argument("--workdir", type=Path, required=True, help="runs and corpora go here")
+    parser.add_argument("--workdir", type=Path, required=True, help="runs go here")
     parser.add_argument("--minutes", type=float, default=25.0, help="each run's training time")
-    parser.add_argument("--seed", type=int, default=1, help="the split's and the runs' seed")
+    parser.add_argument("--seed", type=int, default=1, help=seed_help)
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = recipe_parser(__doc__, "the split's and the runs' seed")
     parser.add_argument("--bt-weight", type=float, default=1.0, help="the synthetic corpus's")
     parser.add_argument("--sample", action="store_true", help="back-translate by sampling")
     parser.add_argument(

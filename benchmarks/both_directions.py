@@ -20,21 +20,13 @@ length ratio, from its own model and from the model of both.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from benchmarks.backtranslation import line, trained_and_scored
+from benchmarks.backtranslation import line, recipe_parser, trained_and_scored
 from benchmarks.measure import report_header
 
 
 def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--data", type=Path, required=True, help="the Multi30k raw text folder")
-    parser.add_argument("--workdir", type=Path, required=True, help="runs go here")
-    parser.add_argument("--minutes", type=float, default=25.0, help="each run's training time")
-    parser.add_argument("--seed", type=int, default=1, help="the runs' seed")
-    return parser.parse_args()
+    return recipe_parser(__doc__, "the runs' seed").parse_args()
 
 
 def main() -> None:
