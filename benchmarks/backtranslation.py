@@ -13,7 +13,8 @@ checkpoints averaged (`tmt-average last=auto`) and scored on test_2016_flickr
 
   (i)   de→en on A alone;
   (ii)  en→de on A; its back-translation of B's English (`tmt-backtranslate`, beam search, or
-        --sample); de→en on A plus the back-translation, tagged <BT> (weight --bt-weight);
+        --sample); de→en on A plus the back-translation, tagged <BT> (or not, --no-tag;
+        weight --bt-weight);
   (iii) de→en on A plus B's real German (the ceiling).
 
 Runs go one at a time, through the real commands; every command is printed before it runs.
@@ -55,9 +56,11 @@ def recipe_parser(description: str, seed_help: str) -> argparse.ArgumentParser:
 
 
 def parse_args() -> argparse.Namespace:
-    parser = recipe_parser(__doc__, "the split's and the runs' seed")
+    parser = recipe_parser(__doc__, "the runs' seed (and the sampling's, with --sample)")
+    parser.add_argument("--split-seed", type=int, default=1, help="the A/B split's seed")
     parser.add_argument("--bt-weight", type=float, default=1.0, help="the synthetic corpus's")
     parser.add_argument("--sample", action="store_true", help="back-translate by sampling")
+    parser.add_argument("--no-tag", action="store_true", help="the synthetic corpus untagged")
     parser.add_argument(
         "--limit", type=int, help="a rehearsal: only this many pairs of each half (and of val)"
     )
@@ -174,7 +177,7 @@ def main() -> None:
         sep="\n",
         flush=True,
     )
-    halves = split_halves(args.data.resolve(), work, args.seed, args.limit)
+    halves = split_halves(args.data.resolve(), work, args.split_seed, args.limit)
     a, b = halves["A"], halves["B"]
     results = {"(i) de-en, A": trained_and_scored("i_de_en_A", work, args, f"data.dir={a}")}
     trained_and_scored(
@@ -184,10 +187,10 @@ def main() -> None:
     bt_folder, seconds = backtranslated(work, halves["mono"], args)
     with open(halves["mono"], "rb") as mono:
         lines = sum(1 for _ in mono)
-    corpus = f'+data.corpora.bt={{dir:"{bt_folder}",tag:"<BT>",weight:{args.bt_weight}}}'
-    results["(ii) de-en, A + BT(B) <BT>"] = trained_and_scored(
-        "ii_de_en_A_bt", work, args, f"data.dir={a}", corpus
-    )
+    tag = "" if args.no_tag else ',tag:"<BT>"'
+    corpus = f'+data.corpora.bt={{dir:"{bt_folder}"{tag},weight:{args.bt_weight}}}'
+    system = f"(ii) de-en, A + BT(B){'' if args.no_tag else ' <BT>'}"
+    results[system] = trained_and_scored("ii_de_en_A_bt", work, args, f"data.dir={a}", corpus)
     real = f'+data.corpora.real={{dir:"{b}"}}'
     results["(iii) de-en, A + B (real)"] = trained_and_scored(
         "iii_de_en_A_B", work, args, f"data.dir={a}", real
