@@ -747,6 +747,12 @@ class DecodeConfig:
     tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit mantissa inputs,
     float32 sums). It holds inside an enclosing autocast too. A CTranslate2 export computes in
     its own type (auto only)."""
+    glossary: str | None = None
+    """A glossary file (a source term, a tab and a target term a line: decode/glossary.py):
+    wherever a source term occurs in a sentence, its translation must contain the target term
+    (lexically constrained beam search, decode/constraints.py); beam search only. A sentence
+    whose terms cannot all be met within its length limit is translated without them, and
+    marked (docs/using-a-model.md#glossaries)."""
     tgt_lang: str | None = None
     """The language to translate into, for a model trained into several (data.corpora with other
     target languages): its tag goes before every source (docs/several-corpora.md). null: the
@@ -821,6 +827,11 @@ class DecodeConfig:
                 f"must be <= decode.beam_size={self.beam_size}, got {self.nbest}",
             )
         self._validate_sampling()
+        if self.glossary is not None and self.strategy != Strategy.beam:
+            raise ConfigError(
+                "config key 'decode.glossary': target terms need beam search, not "
+                f"decode.strategy={Strategy(self.strategy).value}"
+            )
         _require(
             self.precision in DECODE_PRECISIONS,
             "decode.precision",
@@ -975,6 +986,18 @@ class TranslateJob(CheckpointSource):
     `make plot-attention` draws one of them."""
     attention_layer: int = -1
     """Which decoder layer's cross-attention (averaged over its heads); negative: from the last."""
+    alignment: str | None = None
+    """A file to write, per input line, the word alignment of its best translation: `i-j` pairs
+    (source word i, target word j, from 0, words split at spaces) separated by spaces, the form
+    fast_align and Moses write; an empty line for an empty input line (decode/alignment.py)."""
+    alignment_layer: int | None = None
+    """Which decoder layer's cross-attention aligns the words (negative: from the last); null:
+    the middle layer, (layers - 1) // 2 (benchmarks/alignment.txt measures each layer)."""
+    input_prefixes: bool = False
+    """Each input line is a source, a tab, and a target prefix that its translation must begin
+    with (the search goes on from it; split at the line's last tab; a line without a tab has
+    none): autocompletion, interactive translation. The output is the whole translation, the
+    prefix included."""
 
 
 @dataclass(kw_only=True)
@@ -1008,6 +1031,22 @@ class BacktranslateJob(CheckpointSource):
             "split",
             f"must be a file name prefix (letters, digits, '_', '.', '-'), got {self.split!r}",
         )
+
+
+@dataclass(kw_only=True)
+class ScoreJob(CheckpointSource):
+    """`tmt-score`: the model's score of each given translation (docs/commands.md#tmt-score)."""
+
+    source: str
+    """The source sentences, one a line, UTF-8, in the run's source language."""
+    target: str
+    """Their translations, line by line (as many lines as source)."""
+    output: str | None = None
+    """File to write (null: standard output), beside it first and renamed into place once every
+    pair is scored. One line a pair, four tab-separated fields: the length-normalised score that
+    beam search ranks by (decode.length_penalty's alpha), the log-probability (the sum over the
+    target's pieces and EOS), its mean per piece, and the number of pieces (EOS included). A
+    pair whose source is empty is not scored: -inf, -inf, -inf, 0."""
 
 
 @dataclass(kw_only=True)
@@ -1148,6 +1187,7 @@ def register_configs() -> None:
     store.store(name="eval_schema", node=EvalJob)
     store.store(name="translate_schema", node=TranslateJob)
     store.store(name="backtranslate_schema", node=BacktranslateJob)
+    store.store(name="score_schema", node=ScoreJob)
     store.store(name="average_schema", node=AverageJob)
     store.store(name="export_schema", node=ExportJob)
     store.store(name="serve_schema", node=ServeJob)
@@ -1167,6 +1207,7 @@ COMMAND_SCHEMAS: dict[str, type[RunJob]] = {
     "eval": EvalJob,
     "translate": TranslateJob,
     "backtranslate": BacktranslateJob,
+    "score": ScoreJob,
     "average": AverageJob,
     "export": ExportJob,
     "serve": ServeJob,

@@ -191,7 +191,7 @@ def test_a_line_break_spelled_in_byte_pieces_does_not_break_the_output_line(make
         translator.tokenizers.tgt.processor.piece_to_id(f"<0x{b:02X}>") for b in (10, 29)
     ]
     dog = translator.tokenizers.tgt.encode(["dog"])[0]
-    translator.translate_ids = lambda ids, decode=None: [
+    translator.translate_ids = lambda ids, decode=None, terms=None: [
         [*dog, byte_pieces[0], *dog, byte_pieces[1]] for _ in ids
     ]
     (output,) = translator.translate(["the dog."])  # the model "wrote" a newline and a U+001D

@@ -1,0 +1,77 @@
+"""Word alignments of a translation, from the model's cross-attention: the `i-j` pairs (source
+word i, target word j, from 0; words are the text's space-separated words) that fast_align,
+Moses and fairseq's --print-alignment write.
+
+Which attention: one decoder layer's cross-attention, averaged over its heads, read
+teacher-forced over the translation (Translator.attention_maps). A target piece is aligned at
+the step where it is the decoder's *input*, the row that predicts the piece after it
+(Shift-Att, Chen et al., EMNLP 2020), not at the step where it is the output ("Naive-Att"),
+where the model has not seen it yet; Chen et al. measure lower alignment error rates with
+Shift-Att on three language pairs. Which layer: `alignment_layer` (null: the middle of the
+decoder, (layers - 1) // 2 from 0); benchmarks/alignment.txt measures each layer and both rules
+against gold alignments of the toy corpus's nouns.
+
+From pieces to words: a source word's weight is the sum of its pieces' weights, summed over the
+rows of the target word's pieces (the columns of tags before the source and of its end left
+out); each target word is aligned to the source word of the largest weight.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # translator.py imports this module
+    from transformer_mt.decode.translator import AttentionMap
+
+WORD_START = "▁"
+
+
+def piece_words(pieces: list[str]) -> list[int | None]:
+    """The word (from 0) each piece spells the start of or a part of, as the text's words split
+    at spaces: SentencePiece's '▁' is a space; a piece that spells only spaces belongs to no
+    word (None). A byte piece (<0xNN>) is a part of its word."""
+    words: list[int | None] = []
+    word, in_word = -1, False
+    for piece in pieces:
+        first = None
+        for character in piece:
+            if character == WORD_START:
+                in_word = False
+                continue
+            if not in_word:
+                word, in_word = word + 1, True
+            if first is None:
+                first = word
+        words.append(first)
+    return words
+
+
+def word_alignment(attention: AttentionMap, tags: int = 0) -> list[tuple[int, int]]:
+    """(source word, target word) pairs, sorted, of the translation `attention` was read over
+    (its rows: the target pieces, then EOS; its columns: `tags` tag pieces, the source pieces,
+    then EOS). Each target word gets one source word; an empty translation gets none."""
+    source_words = piece_words(attention.source_pieces[tags:-1])
+    target_words = piece_words(attention.target_pieces[:-1])
+    known = [word for word in source_words if word is not None]
+    if not known:
+        return []
+    weights: dict[tuple[int, int], float] = {}  # (target word, source word) -> summed weight
+    for piece, target_word in enumerate(target_words):
+        if target_word is None:
+            continue
+        row = attention.weights[piece + 1][tags:]  # Shift-Att: the piece is the input here
+        for column, source_word in enumerate(source_words):
+            if source_word is not None:
+                key = (target_word, source_word)
+                weights[key] = weights.get(key, 0.0) + row[column]
+    aligned = sorted({word for word in target_words if word is not None})
+    source_range = range(max(known) + 1)
+    return sorted(
+        (max(source_range, key=lambda word: weights.get((target, word), 0.0)), target)
+        for target in aligned
+    )
+
+
+def pharaoh(pairs: list[tuple[int, int]]) -> str:
+    """`i-j` pairs separated by spaces (the form fast_align and Moses write)."""
+    return " ".join(f"{source}-{target}" for source, target in pairs)
