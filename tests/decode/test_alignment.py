@@ -9,7 +9,6 @@ import torch
 
 from transformer_mt.commands.translate import translate
 from transformer_mt.config import DecodeConfig, compose_job
-from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.alignment import pharaoh, piece_words, word_alignment
 from transformer_mt.decode.translator import AttentionMap, Translator
@@ -63,15 +62,6 @@ def test_a_word_of_several_pieces_sums_its_pieces_weights():
     assert word_alignment(attention) == [(1, 0)]
     empty = AttentionMap(["▁a", "</s>"], ["</s>"], [[0.5, 0.5]], 0)
     assert word_alignment(empty) == []
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory) -> Tokenizers:
-    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
-    tokenizer = train_tokenizer(
-        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=VOCAB
-    )
-    return Tokenizers(tokenizer, tokenizer)
 
 
 def test_every_word_of_a_translation_gets_one_source_word(random_model, tokenizers):

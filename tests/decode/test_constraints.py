@@ -8,26 +8,28 @@ import numpy as np
 import pytest
 import torch
 
-from transformer_mt.config import CpuLinear, DecodeConfig, Precision, Strategy
+from transformer_mt.commands.evaluate import evaluate
+from transformer_mt.commands.translate import translate
+from transformer_mt.config import CpuLinear, DecodeConfig, Precision, Strategy, compose_job
 from transformer_mt.data.batching import pad_sequences
+from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
     UNK_ID,
-    Tokenizers,
-    train_tokenizer,
 )
-from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.constraints import (
     ConstraintState,
     Terms,
     advanced_state,
     round_robin_order,
 )
+from transformer_mt.decode.glossary import first_occurrence
 from transformer_mt.decode.search import Ensemble, beam_search, fixed_shape_beam_search
 from transformer_mt.decode.translator import ModelSearch, Translator
 from transformer_mt.errors import ConfigError, DataError
+from transformer_mt.run_dir import RunDir
 
 VOCAB = 400
 IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID, "unk_id": UNK_ID, "max_len_a": 1.0, "max_len_b": 6}
@@ -125,15 +127,6 @@ def test_a_term_longer_than_the_limit_leaves_its_sentence_unconstrained_and_mark
     assert not any(h.unmet_terms for hyps in results[1:] for h in hyps)
 
 
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory) -> Tokenizers:
-    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
-    tokenizer = train_tokenizer(
-        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=VOCAB
-    )
-    return Tokenizers(tokenizer, tokenizer)
-
-
 @pytest.mark.parametrize(
     "settings",
     [{}, {"precision": Precision.bf16}, {"quantize": CpuLinear.int8}],
@@ -174,3 +167,36 @@ def test_greedy_search_and_bad_glossaries_are_refused_in_one_line(
     missing = DecodeConfig(glossary=str(tmp_path / "missing.tsv"))
     with pytest.raises(ConfigError, match="'decode.glossary': .*missing.tsv"):
         Translator.for_model(model, tokenizers, missing, CPU).translate(["the dog ."])
+
+
+def test_tmt_translate_and_tmt_eval_name_the_lines_translated_without_their_terms(
+    one_update_run, tmp_path, caplog
+):
+    """A term of five words cannot fit within a limit of four pieces: the line is translated
+    without it, named in a warning; tmt-eval counts such lines."""
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("the\tder Hund sieht die Katze\n", encoding="utf-8")
+    source = tmp_path / "in.txt"
+    source.write_text("a cat .\nthe dog sleeps .\n", encoding="utf-8")
+    output = tmp_path / "out.txt"
+    short = ["decode.max_len_a=0", "decode.max_len_b=4", "device=cpu"]
+    job = compose_job(
+        "translate",
+        [f"run_dir={one_update_run}", f"input={source}", f"output={output}"]
+        + [f"decode.glossary={glossary}", *short],
+    )
+    with caplog.at_level("WARNING"):
+        translate(job)
+    assert len(output.read_text(encoding="utf-8").splitlines()) == 2
+    warned = [r.getMessage() for r in caplog.records if "without its target terms" in r.message]
+    assert warned == [
+        f"{source}:2: translated without its target terms: no hypothesis met them "
+        "all within the length limit"
+    ]
+    report = evaluate(
+        compose_job("eval", [f"run_dir={one_update_run}", f"decode.glossary={glossary}", *short])
+    )
+    data = RunDir(one_update_run).data_config()
+    with_the = sum(first_occurrence(s.casefold(), "the") >= 0 for s, _ in read_pairs(data, "test"))
+    assert with_the > 0 and report.unmet_terms == with_the
+    assert report.to_json()["unmet_terms"] == with_the

@@ -17,8 +17,6 @@ from transformer_mt.data.tokenizer import (
     EOS_ID,
     PAD_ID,
     UNK_ID,
-    Tokenizers,
-    train_tokenizer,
 )
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.sampling import sample_search
@@ -93,15 +91,6 @@ def test_greedy_search_and_sampling_begin_with_each_prefix(random_model):
     for found, draw, wanted, log_probs in zip(greedy, sampled, rows, scored, strict=True):
         assert found.tokens[: len(wanted)] == wanted and draw.tokens[: len(wanted)] == wanted
         assert math.isclose(sum(log_probs), found.score, rel_tol=1e-5, abs_tol=1e-4)
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory) -> Tokenizers:
-    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
-    tokenizer = train_tokenizer(
-        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=VOCAB
-    )
-    return Tokenizers(tokenizer, tokenizer)
 
 
 def test_a_translation_begins_with_its_prefix_text(random_model, tokenizers):

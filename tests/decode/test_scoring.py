@@ -16,8 +16,6 @@ from transformer_mt.data.tokenizer import (
     EOS_ID,
     PAD_ID,
     UNK_ID,
-    Tokenizers,
-    train_tokenizer,
 )
 from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.scoring import score_pairs
@@ -78,15 +76,6 @@ def test_an_ensemble_scores_the_mean_of_its_members_probabilities(random_model):
     ]
     both = ModelSearch(Ensemble([first, second]), CPU).target_log_probs(source, target, AS_SEARCHED)
     assert np.allclose(both[0], np.log((each[0] + each[1]) / 2), atol=1e-5)
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory) -> Tokenizers:
-    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
-    tokenizer = train_tokenizer(
-        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=VOCAB
-    )
-    return Tokenizers(tokenizer, tokenizer)
 
 
 def test_pairs_keep_their_order_and_scores_whatever_they_are_batched_with(random_model, tokenizers):

@@ -16,23 +16,13 @@ from transformer_mt.config import (
     SourceLengths,
     Strategy,
 )
-from transformer_mt.data.tokenizer import UNK_ID, Tokenizers, train_tokenizer
-from transformer_mt.data.toy import toy_pairs
+from transformer_mt.data.tokenizer import UNK_ID
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translator import ModelSearch, Translation, Translator
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy
 
 VOCAB, POSITIONS = 400, 24  # the position table: 23 pieces + EOS (it grows past them)
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory) -> Tokenizers:
-    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
-    tokenizer = train_tokenizer(
-        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=VOCAB
-    )
-    return Tokenizers(tokenizer, tokenizer)
 
 
 @pytest.fixture

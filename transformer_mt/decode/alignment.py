@@ -21,7 +21,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # translator.py imports this module
-    from transformer_mt.decode.translator import AttentionMap
+    from transformer_mt.config import DecodeConfig
+    from transformer_mt.decode.translator import AttentionMap, Translator
 
 WORD_START = "▁"
 
@@ -70,6 +71,28 @@ def word_alignment(attention: AttentionMap, tags: int = 0) -> list[tuple[int, in
         (max(source_range, key=lambda word: weights.get((target, word), 0.0)), target)
         for target in aligned
     )
+
+
+def align_pairs(
+    translator: Translator,
+    sources: list[str],
+    targets: list[str],
+    layer: int | None = None,
+    decode: DecodeConfig | None = None,
+) -> list[list[tuple[int, int]] | None]:
+    """The word alignment of each given translation (`word_alignment` of decoder layer `layer`,
+    Translator.alignment_layer's choice for None), read teacher-forced over the target as the
+    translator encodes it; None for an empty source."""
+    from transformer_mt.decode.search import Hypothesis
+
+    reader = translator.attention_reader()
+    chosen = translator.alignment_layer(layer)
+    decode, policy = translator.prepared(decode)
+    source_ids = translator.encode(sources, decode)
+    given = [[Hypothesis(ids, 0.0)] for ids in translator.encode_targets(targets)]
+    maps = translator.attention_maps(reader, source_ids, given, chosen, decode, policy)
+    tags = len(translator.language_prefix(decode))
+    return [None if found is None else word_alignment(found, tags) for found in maps]
 
 
 def pharaoh(pairs: list[tuple[int, int]]) -> str:
