@@ -115,6 +115,15 @@ INT8_PRODUCTS = (CpuLinear.int8, CpuLinear.int8_batch)
 """decode.quantize's values, with none."""
 
 
+class Weights(str, Enum):
+    """Which of a checkpoint's weights decode: the exponential moving average where the run kept
+    one (trainer.ema_decay), else the weights as trained (auto); or either one (raw, ema)."""
+
+    auto = "auto"
+    raw = "raw"
+    ema = "ema"
+
+
 class ResumeMode(str, Enum):
     auto = "auto"
     never = "never"
@@ -615,6 +624,13 @@ class TrainerConfig:
     the rest packed as similar lengths are; similar: sorted by length and padded, the padding
     masked; auto: equal on CUDA, similar elsewhere (execution.AUTO_EQUAL_SOURCES). The token
     budgets and the update's size are the same either way."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights (0: none), updated after every update
+    as ema += (1 - d) * (weights - ema) with d = min(ema_decay, (1 + n) / (10 + n)) at its n-th
+    update (the average follows the weights closely early on, when they move fast). Its weights
+    are in every checkpoint beside the weights as trained, validation scores them (and best.pt
+    follows their score), and tmt-eval, tmt-translate, tmt-serve, tmt-average and tmt-export use
+    them unless told `weights=raw` (docs/training.md#an-exponential-moving-average)."""
     cpu_linear: CpuLinear = CpuLinear.onednn
     """How the linear layers and the loss's output projection multiply when the model trains
     in float32 on the CPU (eager): onednn (oneDNN's kernel with the weights reordered at each
@@ -646,6 +662,12 @@ class TrainerConfig:
         validate_sdpa_backends(self.sdpa_backends, "trainer.sdpa_backends")
         validate_cpu_linear(self.cpu_linear, "trainer.cpu_linear")
         compile_setting(self.compile)
+        _require(
+            0.0 <= self.ema_decay < 1.0,
+            "trainer.ema_decay",
+            f"must be in [0, 1) (0: no average; 0.999 averages about the last 1,000 updates), "
+            f"got {self.ema_decay}",
+        )
         _require(
             self.resume_from is None or self.resume != ResumeMode.never,
             "trainer.resume_from",
@@ -921,6 +943,9 @@ class SearchJob(RunJob):
     """auto (cuda when torch can use it, else mps, else cpu), cpu, cuda, cuda:N, mps."""
     decode: DecodeConfig
     """The search (tmt-serve: its defaults, which a request may change for itself)."""
+    weights: Weights = Weights.auto
+    """Which weights of a checkpoint: auto (the moving average where the run kept one,
+    trainer.ema_decay; else the weights as trained), raw (the weights as trained) or ema."""
 
     def validate(self) -> None:
         self.decode.validate()
@@ -1086,6 +1111,9 @@ class ExportJob(RunJob):
 
     checkpoint: str = "last.pt"
     """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    weights: Weights = Weights.auto
+    """Which weights of the checkpoint: auto (the moving average where the run kept one,
+    trainer.ema_decay; else the weights as trained), raw or ema."""
     format: ExportFormat = ExportFormat.ctranslate2
     """ctranslate2: a CTranslate2 model that tmt-eval and tmt-translate run
     (`checkpoint=ctranslate2`); transformers: a folder that transformers' MarianMTModel and

@@ -54,7 +54,9 @@ def backtranslate(job: BacktranslateJob) -> Path:
     if done:
         log.info("%s is complete already (%d lines): nothing to do", output, lines)
         return output
-    translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
+    translator = load_translator(
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device, weights=job.weights
+    )
     wanted["checkpoint"] = translator.origin
     wanted["decode"] = translator.settings_record(job.decode)  # the precision that runs
     check_output(output, wanted)  # the chunks done are of this checkpoint and precision

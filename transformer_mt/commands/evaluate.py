@@ -120,7 +120,9 @@ def evaluate_pairs(job: EvalJob) -> list[EvalReport]:
     for name in names.values():
         for written in (run.hypotheses_file(name), run.scores_file(name)):
             check_writable(written, "tmt-eval")  # before the decoding
-    translator = load_translator(run.path, job.checkpoint, decode=decode, device=job.device)
+    translator = load_translator(
+        run.path, job.checkpoint, decode=decode, device=job.device, weights=job.weights
+    )
     reports = []
     for pair, pair_cfg in pairs.items():
         into = dataclasses.replace(decode, tgt_lang=pair_cfg.tgt_lang) if several else decode

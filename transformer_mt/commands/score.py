@@ -48,7 +48,9 @@ def score(job: ScoreJob) -> None:
             f"source={job.source} has {lines['source']} lines and target={job.target} "
             f"{lines['target']}: a pair is a line of each"
         )
-    translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
+    translator = load_translator(
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device, weights=job.weights
+    )
     with stopped_by_signals(), ExitStack() as files:
         sources = line_batches(files.enter_context(open_input(job.source)), job.source, CHUNK_LINES)
         targets = line_batches(files.enter_context(open_input(job.target)), job.target, CHUNK_LINES)

@@ -52,7 +52,9 @@ def translate(job: TranslateJob) -> None:
     outputs = {"output": job.output, "attention": job.attention, "alignment": job.alignment}
     check_distinct_files({"input": job.input, **outputs}, reads_stdin=job.input is None)
     check_output_folders(outputs)  # before anything is written
-    translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
+    translator = load_translator(
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device, weights=job.weights
+    )
     alignment_layer = None
     if job.alignment is not None:
         alignment_layer = translator.alignment_layer(job.alignment_layer)

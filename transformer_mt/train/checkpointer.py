@@ -25,6 +25,7 @@ from transformer_mt.config import TrainerConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.distributed import Ranks
+from transformer_mt.train.moving_average import WeightAverage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ class TrainingParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
+    ema: WeightAverage | None = None  # the moving average of the weights (trainer.ema_decay)
 
 
 class Checkpointer:
@@ -95,6 +97,7 @@ class Checkpointer:
             scheduler=parts.scheduler.state_dict(),
             scaler=parts.scaler.state_dict(),
             rng=gathered_rng(self.ranks, self.device),
+            ema=None if parts.ema is None else parts.ema.state(self.ranks),
         )
         return {**state.as_state(), **self.record.with_progress(progress).as_state()}
 
@@ -179,6 +182,10 @@ class Checkpointer:
             raise CheckpointError(f"{path}: cannot continue from it: {error}") from error
         if state.scaler:
             parts.scaler.load_state_dict(state.scaler)
+        if parts.ema is not None and state.ema is not None:
+            parts.ema.load(state.ema)
+        elif parts.ema is not None and self.ranks.is_main:  # trainer.resume=force: a new setting
+            log.warning("%s has no moving average of its weights: it starts here", path.name)
         progress = checkpoint.record.progress or Progress(UpdateCounts(step=checkpoint.record.step))
         if not restore_rng(state.rng, self.ranks, self.device, self.settings.seed, progress.step):
             log.warning("another number of ranks: dropout draws fresh random numbers")
