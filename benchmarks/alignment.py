@@ -5,7 +5,7 @@ is the output (Naive-Att).
     python -m benchmarks.alignment --run runs/demo | tee -a benchmarks/alignment.txt
 
 The run: a model of the toy corpus (English → German; `make demo` trains one). The pairs: its
-test split, the references aligned teacher-forced (decode/alignment.align_pairs).
+test split, the references aligned teacher-forced (Translator.alignments).
 
 Gold links. The toy corpus comes from a grammar whose lexicon fixes the German forms of each
 English noun and adjective: a noun's singular, its plural and its dative plural; an adjective's
@@ -31,7 +31,7 @@ from pathlib import Path
 from benchmarks.measure import report_header
 from transformer_mt.data.sources import read_pairs
 from transformer_mt.data.toy_lexicon import ADJ_END, ADJS, NOUNS
-from transformer_mt.decode.alignment import align_pairs, word_alignment
+from transformer_mt.decode.alignment import word_alignment
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.run_dir import RunDir
@@ -91,7 +91,7 @@ def main() -> None:
     layers = translator.attention_reader().decoder_layers
     default = translator.alignment_layer(None)
     for layer in range(layers):
-        maps_rule = {"Shift-Att (ours)": align_pairs(translator, sources, references, layer)}
+        maps_rule = {"Shift-Att (ours)": translator.alignments(sources, references, layer)}
         maps_rule["Naive-Att"] = naive_alignments(translator, sources, references, layer)
         for rule, found in maps_rule.items():
             hits = sum(
@@ -106,7 +106,7 @@ def main() -> None:
 
 
 def naive_alignments(translator, sources, references, layer):
-    """`align_pairs`, but each target piece read at the step where it is the output."""
+    """Translator.alignments, but each target piece read at the step where it is the output."""
     reader = translator.attention_reader()
     decode, policy = translator.prepared(None)
     ids = translator.encode(sources, decode)

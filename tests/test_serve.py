@@ -32,6 +32,7 @@ LIMITS = ServeJob(
     max_lines=8,
     max_line_chars=200,
     max_beam_size=6,
+    max_glossary_pairs=3,
     port=0,  # any free port: tmt-serve binds its address once before the model loads
 )
 SENTENCES = [en for en, _ in toy_pairs(16, seed=11, max_words=12)]
@@ -165,6 +166,11 @@ def test_a_request_s_glossary_and_constraints_are_in_its_translations(client, tr
             "need beam search",
         ),
         ({"text": "a", "glossary": [{"source": " ", "target": "X"}]}, 422, "a term is empty"),
+        (
+            {"text": "a", "glossary": [{"source": "a", "target": "b"}] * 4},
+            422,
+            "4 glossary pairs: the limit is 3",
+        ),
         # numbers a search cannot use: refused by their key, not a 500 (issue 59)
         ({"text": "a", "length_penalty": float("inf")}, 422, "'decode.length_penalty'"),
         ({"text": "a", "length_penalty": 1e308}, 422, "'decode.length_penalty'"),

@@ -1163,6 +1163,9 @@ class ServeJob(CheckpointSource):
     """Attention weights a request may ask for, bounded before decoding (more: HTTP 422)."""
     max_connections: int = 128
     """Connections and requests uvicorn takes at once (more: HTTP 503; its limit_concurrency)."""
+    max_glossary_pairs: int = 1_000
+    """Term pairs in a request's own glossary, each matched against each of its lines (more:
+    HTTP 422)."""
 
     def validate(self) -> None:
         """Also: a port that exists; limits above 0 (a limit of 0 would refuse every request,
@@ -1190,6 +1193,7 @@ SERVE_LIMITS = (
     "request_timeout_s",
     "max_attention_cells",
     "max_connections",
+    "max_glossary_pairs",
 )
 """The ServeJob keys that bound each request, the queue and the connections."""
 

@@ -9,7 +9,7 @@ the step where it is the decoder's *input*, the row that predicts the piece afte
 where the model has not seen it yet; Chen et al. measure lower alignment error rates with
 Shift-Att on three language pairs. Which layer: `alignment_layer` (null: the middle of the
 decoder, (layers - 1) // 2 from 0); benchmarks/alignment.txt measures each layer and both rules
-against gold alignments of the toy corpus's nouns.
+against gold links of the toy corpus's nouns and adjectives.
 
 From pieces to words: a source word's weight is the sum of its pieces' weights, summed over the
 rows of the target word's pieces (the columns of tags before the source and of its end left
@@ -18,13 +18,21 @@ out); each target word is aligned to the source word of the largest weight.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # translator.py imports this module
-    from transformer_mt.config import DecodeConfig
-    from transformer_mt.decode.translator import AttentionMap, Translator
+from dataclasses import dataclass
 
 WORD_START = "▁"
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    """Where the model looked while writing one translation: row i is target piece i (the last
+    row: end of sentence), column j source piece j (the last: end of sentence); each row sums
+    to 1. Cross-attention of one decoder layer, averaged over its heads."""
+
+    source_pieces: list[str]
+    target_pieces: list[str]
+    weights: list[list[float]]  # len(target_pieces) x len(source_pieces)
+    layer: int  # from 0
 
 
 def piece_words(pieces: list[str]) -> list[int | None]:
@@ -71,28 +79,6 @@ def word_alignment(attention: AttentionMap, tags: int = 0) -> list[tuple[int, in
         (max(source_range, key=lambda word: weights.get((target, word), 0.0)), target)
         for target in aligned
     )
-
-
-def align_pairs(
-    translator: Translator,
-    sources: list[str],
-    targets: list[str],
-    layer: int | None = None,
-    decode: DecodeConfig | None = None,
-) -> list[list[tuple[int, int]] | None]:
-    """The word alignment of each given translation (`word_alignment` of decoder layer `layer`,
-    Translator.alignment_layer's choice for None), read teacher-forced over the target as the
-    translator encodes it; None for an empty source."""
-    from transformer_mt.decode.search import Hypothesis
-
-    reader = translator.attention_reader()
-    chosen = translator.alignment_layer(layer)
-    decode, policy = translator.prepared(decode)
-    source_ids = translator.encode(sources, decode)
-    given = [[Hypothesis(ids, 0.0)] for ids in translator.encode_targets(targets)]
-    maps = translator.attention_maps(reader, source_ids, given, chosen, decode, policy)
-    tags = len(translator.language_prefix(decode))
-    return [None if found is None else word_alignment(found, tags) for found in maps]
 
 
 def pharaoh(pairs: list[tuple[int, int]]) -> str:

@@ -40,7 +40,7 @@ from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
-from transformer_mt.decode.alignment import word_alignment
+from transformer_mt.decode.alignment import AttentionMap, word_alignment
 from transformer_mt.decode.constraints import MAX_TERM_PIECES, MAX_TERMS, Terms
 from transformer_mt.decode.glossary import Glossary
 from transformer_mt.decode.sampling import sample_search
@@ -352,18 +352,6 @@ def describe_precision(precision: Precision, device: torch.device) -> None:
 
 
 @dataclass(frozen=True)
-class AttentionMap:
-    """Where the model looked while writing one translation: row i is target piece i (the last
-    row: end of sentence), column j source piece j (the last: end of sentence); each row sums
-    to 1. Cross-attention of one decoder layer, averaged over its heads."""
-
-    source_pieces: list[str]
-    target_pieces: list[str]
-    weights: list[list[float]]  # len(target_pieces) x len(source_pieces)
-    layer: int  # from 0
-
-
-@dataclass(frozen=True)
 class Translation:
     """One entry of an n-best list."""
 
@@ -591,6 +579,25 @@ class Translator:
         reader = self.attention_reader()
         chosen = (reader.decoder_layers - 1) // 2 if layer is None else layer
         return self.checked_layer(chosen, reader, "alignment_layer") % reader.decoder_layers
+
+    def alignments(
+        self,
+        sources: list[str],
+        targets: list[str],
+        layer: int | None = None,
+        decode: DecodeConfig | None = None,
+    ) -> list[list[tuple[int, int]] | None]:
+        """The word alignment of each given translation (decode/alignment.word_alignment of
+        decoder layer `layer`, `alignment_layer`'s choice for None), read teacher-forced over
+        the target as `encode_targets` encodes it; None for an empty source."""
+        reader = self.attention_reader()
+        chosen = self.alignment_layer(layer)
+        decode, policy = self.prepared(decode)
+        given = [[Hypothesis(ids, 0.0)] for ids in self.encode_targets(targets)]
+        ids = self.encode(sources, decode)
+        maps = self.attention_maps(reader, ids, given, chosen, decode, policy)
+        tags = len(self.language_prefix(decode))
+        return [None if found is None else word_alignment(found, tags) for found in maps]
 
     @staticmethod
     def checked_layer(layer: int, reader: AttentionReader, key: str = "attention_layer") -> int:

@@ -74,10 +74,6 @@ class Refused(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
-MAX_GLOSSARY_PAIRS = 1000
-"""A request's glossary: each pair is matched against each line (decode/glossary.py)."""
-
-
 class GlossaryPair(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -104,7 +100,7 @@ class TranslateRequest(BaseModel):
     alignment: bool = False
     alignment_layer: int | None = None
     prefix: str | list[str] | None = None
-    glossary: list[GlossaryPair] | None = Field(default=None, max_length=MAX_GLOSSARY_PAIRS)
+    glossary: list[GlossaryPair] | None = None
     constraints: list[list[str]] | None = None
 
 
@@ -215,7 +211,7 @@ def admitted_work(body: bytes, translator: Translator, limits: ServeJob) -> Queu
     prefixes = request_prefixes(asked, lines, limits)
     if prefixes is not None:
         prefixes = translator.encode_targets(prefixes)
-    terms = request_terms(asked, lines, decode, translator)
+    terms = request_terms(asked, lines, decode, translator, limits)
     pieces = sum(len(s) + 1 for s in ids) + sum(map(len, prefixes or []))
     if pieces > limits.max_pending_pieces:
         raise Refused(422, f"{pieces} source pieces: the limit is {limits.max_pending_pieces}")
@@ -240,7 +236,11 @@ def admitted_work(body: bytes, translator: Translator, limits: ServeJob) -> Queu
 
 
 def request_terms(
-    asked: TranslateRequest, lines: list[str], decode: DecodeConfig, translator: Translator
+    asked: TranslateRequest,
+    lines: list[str],
+    decode: DecodeConfig,
+    translator: Translator,
+    limits: ServeJob,
 ) -> list[list[list[int]]] | None:
     """Each line's target terms, encoded: its "constraints" (a list of terms per line) and the
     terms of the request's "glossary" whose source term occurs in it (Translator.line_terms);
@@ -250,6 +250,10 @@ def request_terms(
             422,
             f"{len(asked.constraints)} lists of constraints for {len(lines)} lines: give one "
             "per line",
+        )
+    if asked.glossary is not None and len(asked.glossary) > limits.max_glossary_pairs:
+        raise Refused(
+            422, f"{len(asked.glossary)} glossary pairs: the limit is {limits.max_glossary_pairs}"
         )
     try:
         glossary = None
