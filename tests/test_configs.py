@@ -103,7 +103,6 @@ COMMAND_KEYS = {
     "serve": "run_dir checkpoint device host port max_request_bytes max_lines max_line_chars "
     "max_beam_size max_pending_pieces request_timeout_s max_attention_cells max_connections "
     "decode max_glossary_pairs",
-    "score": "run_dir checkpoint device source target output decode",
 }
 """The top-level keys of each command's configuration (99ece05's, and those added since): a
 user's command line and an older run's config.yaml name them."""
