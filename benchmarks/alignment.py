@@ -1,6 +1,6 @@
 """Word alignments against gold links of the toy corpus: the alignment error rate of each decoder
-layer, with the step where a target word is the decoder's input (Shift-Att, ours) and where it
-is the output (Naive-Att).
+layer, read at the step that predicts a target word (ours, "Naive-Att" in Chen et al., 2020) and
+at the step where it is the decoder's input (Shift-Att).
 
     python -m benchmarks.alignment --run runs/demo | tee -a benchmarks/alignment.txt
 
@@ -91,29 +91,31 @@ def main() -> None:
     layers = translator.attention_reader().decoder_layers
     default = translator.alignment_layer(None)
     for layer in range(layers):
-        maps_rule = {"Shift-Att (ours)": translator.alignments(sources, references, layer)}
-        maps_rule["Naive-Att"] = naive_alignments(translator, sources, references, layer)
+        maps_rule = {"predicting (ours)": translator.alignments(sources, references, layer)}
+        maps_rule["Shift-Att"] = shifted_alignments(translator, sources, references, layer)
         for rule, found in maps_rule.items():
             hits = sum(
                 len(links & set(predicted or []))
                 for links, predicted in zip(gold, found, strict=True)
             )
-            chosen = " (the default layer)" if layer == default and rule.startswith("Shift") else ""
+            ours = layer == default and rule.startswith("predicting")
+            chosen = " (the default layer)" if ours else ""
             print(
                 f"layer {layer}, {rule:<17} AER {100 * (1 - hits / total):5.1f}%  "
                 f"({hits} of {total} gold links){chosen}"
             )
 
 
-def naive_alignments(translator, sources, references, layer):
-    """Translator.alignments, but each target piece read at the step where it is the output."""
+def shifted_alignments(translator, sources, references, layer):
+    """Translator.alignments, but each target piece read at the step where it is the decoder's
+    input (the row after the one that predicts it)."""
     reader = translator.attention_reader()
     decode, policy = translator.prepared(None)
     ids = translator.encode(sources, decode)
     given = [[Hypothesis(t, 0.0)] for t in translator.encode_targets(references)]
     maps = translator.attention_maps(reader, ids, given, layer, decode, policy)
     shifted = [
-        None if m is None else replace(m, weights=[m.weights[0], *m.weights[:-1]]) for m in maps
+        None if m is None else replace(m, weights=[*m.weights[1:], m.weights[-1]]) for m in maps
     ]
     return [None if m is None else word_alignment(m) for m in shifted]
 

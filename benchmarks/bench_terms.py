@@ -1,5 +1,5 @@
-"""The terminology test: a glossary built from the test set by a stated rule, translated with and
-without it, on Multi30k de→en with a model trained by the README's CPU recipe.
+"""The terminology test: target terms built from the test set by a stated rule, translated with
+and without them, on Multi30k de→en with a model trained by the README's CPU recipe.
 
     python -m benchmarks.bench_terms --run RUN --data MULTI30K | tee -a benchmarks/terms.txt
 
@@ -8,12 +8,15 @@ English word of the highest Dice coefficient, 2 c(d, e) / (c(d) + c(e)), over th
 (words lowercased, punctuation stripped, counted once a sentence), kept where the coefficient is
 at least --dice and both words occur at least --min-count times.
 
-The glossary (the stated rule): for each test sentence, the words of its reference of at least
+The terms (the stated rule): for each test sentence, the words of its reference of at least
 three letters that the unconstrained translation lacks and that are the dictionary's
-counterpart of a word of its source, at most two a sentence, longest first; each gives the
-pair (source word, reference word). The glossary file holds every such pair of the test set;
-decode.glossary then requires, in every test sentence where a pair's source word occurs, its
-target word.
+counterpart of a word of its source, at most two a sentence, longest first: the sentence's
+glossary, the pairs (source word, reference word). Each sentence is translated with its own
+(Translator.translate_nbest's `terms`, as tmt-serve's per-line `constraints`); a glossary file
+of every sentence's pairs, applied to the whole test set, would require a pair's reference word
+in every other sentence with that source word too, where the reference may say it otherwise.
+The pairs are written to --glossary, a line per sentence ("source\ttarget" pairs separated by
+" ||| ").
 
 Reported: the share of required terms present in the translations without and with the
 glossary; BLEU and its length ratio of each; and the time of each over the whole test set
@@ -25,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import re
 import statistics
 import time
@@ -61,28 +63,26 @@ def dictionary(sources: list[str], targets: list[str], dice: float, min_count: i
     return {d: e for d, (_, e) in best.items()}
 
 
-def glossary_pairs(
+def sentence_terms(
     sources: list[str], references: list[str], outputs: list[str], counterpart: dict
-) -> list[tuple[str, str]]:
-    """The module's rule: (source word, reference word) pairs, at most two a sentence."""
-    pairs = []
+) -> list[list[tuple[str, str]]]:
+    """The module's rule: each sentence's (source word, reference word) pairs, at most two."""
+    found_terms = []
     for source, reference, output in zip(sources, references, outputs, strict=True):
         lacking = {w for w in words(reference) if len(w) >= 3} - set(words(output))
         found = {counterpart[d]: d for d in words(source) if counterpart.get(d) in lacking}
-        for target in sorted(found, key=len, reverse=True)[:2]:
-            pairs.append((found[target], target))
-    return list(dict.fromkeys(pairs))
+        found_terms.append([(found[t], t) for t in sorted(found, key=len, reverse=True)[:2]])
+    return found_terms
 
 
-def present_share(translator, sources: list[str], outputs: list[str]) -> tuple[int, int]:
-    """(required terms present in the outputs, required terms): the glossary's terms of each
-    sentence (Translator.line_terms' rule) found among its output's words."""
-    glossary = translator.glossary(translator.decode.glossary)
-    present = required = 0
-    for source, output in zip(sources, outputs, strict=True):
-        terms = glossary.terms(source, translator.unicode_form)
-        required += len(terms)
-        present += sum(term.lower() in words(output) for term in terms)
+def present_share(terms: list[list[tuple[str, str]]], outputs: list[str]) -> tuple[int, int]:
+    """(required terms present among their output's words, required terms)."""
+    required = sum(map(len, terms))
+    present = sum(
+        target in words(output)
+        for pairs, output in zip(terms, outputs, strict=True)
+        for _, target in pairs
+    )
     return present, required
 
 
@@ -108,35 +108,42 @@ def main() -> None:
     plain = DecodeConfig()
     translator = load_translator(args.run, args.checkpoint, decode=plain, device="cpu")
     outputs = translator.translate(sources)
-    pairs = glossary_pairs(sources, references, outputs, counterpart)
-    args.glossary.write_text("".join(f"{d}\t{e}\n" for d, e in pairs), encoding="utf-8")
-    with_terms = dataclasses.replace(plain, glossary=str(args.glossary))
+    terms = sentence_terms(sources, references, outputs, counterpart)
+    args.glossary.write_text(
+        "".join(" ||| ".join(f"{d}\t{e}" for d, e in pairs) + "\n" for pairs in terms),
+        encoding="utf-8",
+    )
+    per_line = [[target for _, target in pairs] for pairs in terms]
+    with_terms = sum(1 for pairs in terms if pairs)
     print(
         f"# dictionary: {len(counterpart)} German words (Dice >= {args.dice}, >= "
-        f"{args.min_count} occurrences); glossary: {len(pairs)} pairs in {args.glossary}"
+        f"{args.min_count} occurrences); terms: {sum(map(len, terms))} in {with_terms} of "
+        f"{len(sources)} sentences ({args.glossary})"
     )
+    calls = {
+        "without": lambda: [n[0].text for n in translator.translate_nbest(sources)],
+        "with": lambda: [n[0].text for n in translator.translate_nbest(sources, terms=per_line)],
+    }
     seconds: dict[str, list[float]] = {"without": [], "with": []}
     results: dict[str, list[str]] = {}
-    settings = {"without": plain, "with": with_terms}
     for turn in range(args.rounds):
         for name in abba_order(["without", "with"], turn):
             started = time.perf_counter()
-            results[name] = translator.translate(sources, decode=settings[name])
+            results[name] = calls[name]()
             seconds[name].append(time.perf_counter() - started)
-    terms_translator = load_translator(args.run, args.checkpoint, decode=with_terms, device="cpu")
     for name in ("without", "with"):
-        present, required = present_share(terms_translator, sources, results[name])
+        present, required = present_share(terms, results[name])
         bleu = sacrebleu_scores(results[name], references)
         ratio = re.search(r"ratio = ([0-9.]+)", bleu.bleu_detail)
         median = statistics.median(seconds[name])
         print(
-            f"{name:>7} the glossary: terms present {present}/{required} "
+            f"{name:>7} the terms: present {present}/{required} "
             f"({100 * present / max(required, 1):.1f}%); BLEU {bleu.bleu:.2f} (ratio "
             f"{ratio.group(1) if ratio else '?'}); {median:.1f} s median of "
             f"{[round(s, 1) for s in seconds[name]]} ({len(sources) / median:.1f} sentences/s)"
         )
     ratio = statistics.median(seconds["with"]) / statistics.median(seconds["without"])
-    print(f"time with the glossary / without: {ratio:.2f}x (target <= 1.5x)")
+    print(f"time with the terms / without: {ratio:.2f}x (target <= 1.5x)")
 
 
 if __name__ == "__main__":

@@ -1017,7 +1017,7 @@ class TranslateJob(CheckpointSource):
     fast_align and Moses write; an empty line for an empty input line (decode/alignment.py)."""
     alignment_layer: int | None = None
     """Which decoder layer's cross-attention aligns the words (negative: from the last); null:
-    the middle layer, (layers - 1) // 2 (benchmarks/alignment.txt measures each layer)."""
+    the last layer (benchmarks/alignment.txt measures each layer)."""
     input_prefixes: bool = False
     """Each input line is a source, a tab, and a target prefix that its translation must begin
     with (the search goes on from it; split at the line's last tab; a line without a tab has

@@ -35,15 +35,14 @@ def one_hot(rows: list[int], columns: int) -> list[list[float]]:
     return [[1.0 if column == hot else 0.0 for column in range(columns)] for hot in rows]
 
 
-def test_a_target_word_is_aligned_where_it_is_the_decoder_s_input():
-    """Rows: the target pieces' steps then EOS's; row i + 1 is read for target piece i. Source
+def test_a_target_word_is_aligned_at_the_step_that_predicts_it():
+    """Rows: the target pieces' steps then EOS's; row i is read for target piece i. Source
     columns: one tag, three pieces of two words, EOS."""
     attention = AttentionMap(
         source_pieces=["<2en>", "▁the", "▁do", "g", "</s>"],
         target_pieces=["▁der", "▁Hund", "</s>"],
-        # row 0 (predicts 'der') looks at 'dog'; row 1 (input 'der') at 'the'; row 2 (input
-        # 'Hund') at 'g'
-        weights=one_hot([2, 1, 3], 5),
+        # row 0 (predicts 'der') looks at 'the'; row 1 (predicts 'Hund') at 'g'; row 2 at 'dog'
+        weights=one_hot([1, 3, 2], 5),
         layer=0,
     )
     assert word_alignment(attention, tags=1) == [(0, 0), (1, 1)]
@@ -56,7 +55,7 @@ def test_a_word_of_several_pieces_sums_its_pieces_weights():
     attention = AttentionMap(
         source_pieces=["▁a", "▁b", "c", "</s>"],
         target_pieces=["▁x", "</s>"],
-        weights=[[1, 0, 0, 0], [0.4, 0.3, 0.3, 0.0]],  # 'b'+'c' = 0.6 > 'a' = 0.4
+        weights=[[0.4, 0.3, 0.3, 0.0], [1, 0, 0, 0]],  # 'b'+'c' = 0.6 > 'a' = 0.4
         layer=0,
     )
     assert word_alignment(attention) == [(1, 0)]
@@ -72,8 +71,8 @@ def test_every_word_of_a_translation_gets_one_source_word(random_model, tokenize
     sentences = [src for src, _ in toy_pairs(12, seed=8)] + [""]
     random.Random(1).shuffle(sentences)
     layer = translator.alignment_layer(None)
-    assert layer == 0  # the middle of 2 decoder layers, (2 - 1) // 2
-    found = translator.translate_nbest(sentences, alignment=layer, attention=-1)
+    assert layer == 1  # the last of 2 decoder layers
+    found = translator.translate_nbest(sentences, alignment=0, attention=-1)
     for sentence, (best, *_) in zip(sentences, found, strict=True):
         if not sentence:
             assert best.alignment is None

@@ -573,11 +573,11 @@ class Translator:
         ]
 
     def alignment_layer(self, layer: int | None) -> int:
-        """The decoder layer whose attention aligns words: `layer`, or for None the middle
-        layer, (layers - 1) // 2 (decode/alignment.py); ConfigError naming alignment_layer for
-        one the decoder does not have, or a model that cannot read attention."""
+        """The decoder layer whose attention aligns words: `layer`, or for None the last one
+        (decode/alignment.py says why); ConfigError naming alignment_layer for one the decoder
+        does not have, or a model that cannot read attention."""
         reader = self.attention_reader()
-        chosen = (reader.decoder_layers - 1) // 2 if layer is None else layer
+        chosen = reader.decoder_layers - 1 if layer is None else layer
         return self.checked_layer(chosen, reader, "alignment_layer") % reader.decoder_layers
 
     def alignments(

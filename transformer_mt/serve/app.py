@@ -3,7 +3,7 @@
     POST /translate   {"text": "..."} or {"lines": [...]}, optional decode settings
                       (strategy, beam_size, nbest, length_penalty, temperature, top_k, top_p,
                       seed), "attention": true (with "attention_layer", default the last)
-                      and "alignment": true (with "alignment_layer", default the middle);
+                      and "alignment": true (with "alignment_layer", default the last);
                       "prefix": what each translation must begin with (a string, or a
                       list of one per line); "glossary": [{"source", "target"}] term pairs
                       and "constraints": a list of target terms per line, which each
