@@ -41,14 +41,21 @@ SPLITS = ("train", "val", "test_2016_flickr")
 RECIPE = ["--config-name", "multi30k", "data=multi30k_files_de_en"]
 
 
-def parse_args() -> argparse.Namespace:
+def recipe_parser(description: str, seed_help: str) -> argparse.ArgumentParser:
+    """The arguments of an experiment of CPU-recipe runs on Multi30k (this one, and
+    benchmarks/both_directions.py): --data, --workdir, --minutes, --seed."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--data", type=Path, required=True, help="the Multi30k raw text folder")
-    parser.add_argument("--workdir", type=Path, required=True, help="runs and corpora go here")
+    parser.add_argument("--workdir", type=Path, required=True, help="runs go here")
     parser.add_argument("--minutes", type=float, default=25.0, help="each run's training time")
-    parser.add_argument("--seed", type=int, default=1, help="the split's and the runs' seed")
+    parser.add_argument("--seed", type=int, default=1, help=seed_help)
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = recipe_parser(__doc__, "the split's and the runs' seed")
     parser.add_argument("--bt-weight", type=float, default=1.0, help="the synthetic corpus's")
     parser.add_argument("--sample", action="store_true", help="back-translate by sampling")
     parser.add_argument(
@@ -93,11 +100,16 @@ def split_halves(data: Path, work: Path, seed: int, limit: int | None) -> dict[s
     return folders | {"mono": work / "mono.en"}
 
 
-def trained_and_scored(name: str, work: Path, args: argparse.Namespace, *overrides: str) -> dict:
-    """The recipe's run `name` (skipped when its scores are there), averaged and evaluated."""
+def trained_and_scored(
+    name: str, work: Path, args: argparse.Namespace, *overrides: str, pairs: tuple[str, ...] = ()
+) -> dict:
+    """The recipe's run `name` (skipped when its scores are there), averaged and evaluated: its
+    scores.test.json, or, of a model of several target languages, each of `pairs`' scores
+    (scores.test.PAIR.json, by pair)."""
     run_dir = work / name
-    scores = run_dir / "scores.test.json"
-    if not scores.is_file():
+    suffixes = [f".{pair}" for pair in pairs] or [""]
+    files = [run_dir / f"scores.test{suffix}.json" for suffix in suffixes]
+    if not all(file.is_file() for file in files):
         started = time.perf_counter()
         run(
             [
@@ -122,7 +134,8 @@ def trained_and_scored(name: str, work: Path, args: argparse.Namespace, *overrid
             ]
         )
         print(f"# {name}: {time.perf_counter() - started:.0f} s in all", flush=True)
-    return json.loads(scores.read_text())
+    scores = [json.loads(file.read_text()) for file in files]
+    return dict(zip(pairs, scores, strict=True)) if pairs else scores[0]
 
 
 def backtranslated(work: Path, mono: Path, args: argparse.Namespace) -> tuple[Path, float]:
