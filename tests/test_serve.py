@@ -142,6 +142,21 @@ def test_a_request_s_glossary_and_constraints_are_in_its_translations(client, tr
     assert texts == [nbest[0].text for nbest in library]
 
 
+def test_a_server_glossary_refuses_greedy_requests_only_for_lines_with_its_terms(
+    translator, tmp_path
+):
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("aunt\tGroßmutter\n")
+    served = with_decode(translator, glossary=str(glossary))
+    with TestClient(create_app(served, LIMITS)) as client:
+        free = client.post("/translate", json={"text": SENTENCES[1], "strategy": "greedy"})
+        termed = client.post("/translate", json={"text": SENTENCES[0], "strategy": "greedy"})
+        beam = client.post("/translate", json={"text": SENTENCES[0]})
+    assert free.status_code == 200, free.text
+    assert termed.status_code == 422 and "need beam search" in termed.text
+    assert "Großmutter" in beam.json()["translations"][0]["text"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [

@@ -849,11 +849,8 @@ class DecodeConfig:
                 f"must be <= decode.beam_size={self.beam_size}, got {self.nbest}",
             )
         self._validate_sampling()
-        if self.glossary is not None and self.strategy != Strategy.beam:
-            raise ConfigError(
-                "config key 'decode.glossary': target terms need beam search, not "
-                f"decode.strategy={Strategy(self.strategy).value}"
-            )
+        if self.glossary is not None and self.terms_refusal() is not None:
+            raise ConfigError(f"config key 'decode.glossary': {self.terms_refusal()}")
         _require(
             self.precision in DECODE_PRECISIONS,
             "decode.precision",
@@ -874,6 +871,17 @@ class DecodeConfig:
             "fp32, or decode.quantize=none",
         )
         validate_sdpa_backends(self.sdpa_backends, "decode.sdpa_backends")
+
+    def terms_refusal(self) -> str | None:
+        """Why these settings cannot search with target terms (a glossary, constraints), or
+        None: dynamic beam allocation needs beam search, and a beam of two at least (with one,
+        it could only write the terms first)."""
+        if self.strategy != Strategy.beam:
+            strategy = Strategy(self.strategy).value
+            return f"target terms need beam search, not decode.strategy={strategy}"
+        if self.beam_size < 2:
+            return "target terms need decode.beam_size >= 2 (with one, the terms would come first)"
+        return None
 
     def _validate_sampling(self) -> None:
         _require(

@@ -20,12 +20,15 @@ from transformer_mt.data.tokenizer import (
     UNK_ID,
 )
 from transformer_mt.decode.constraints import (
+    MAX_TERM_PIECES,
+    MAX_TERMS,
     ConstraintState,
     Terms,
     advanced_state,
+    beyond_search,
     round_robin_order,
 )
-from transformer_mt.decode.glossary import first_occurrence
+from transformer_mt.decode.glossary import Glossary, occurrences
 from transformer_mt.decode.search import Ensemble, beam_search, fixed_shape_beam_search
 from transformer_mt.decode.translator import ModelSearch, Translator
 from transformer_mt.errors import ConfigError, DataError
@@ -110,6 +113,13 @@ def test_every_finished_hypothesis_holds_its_terms_in_both_batch_shapes(random_m
     assert met >= 4  # most sentences with terms find hypotheses that hold them
 
 
+def test_terms_beyond_the_search_are_over_its_limits_of_count_pieces_or_length():
+    assert not beyond_search([[5, 6], [7]], 4, 1.0, 6)  # 3 pieces, limit 10
+    assert beyond_search([[5]] * (MAX_TERMS + 1), 100, 1.0, 50)
+    assert beyond_search([list(range(5, 6 + MAX_TERM_PIECES))], 100, 1.0, 50)
+    assert beyond_search([[5, 6, 7], [8, 9, 10]], 2, 1.0, 4)  # 6 pieces, limit 6: no room for EOS
+
+
 def test_a_term_longer_than_the_limit_leaves_its_sentence_unconstrained_and_marked(random_model):
     model = random_model(VOCAB, 3, eos_bonus=4.0)
     src = sources(4, seed=2)
@@ -125,6 +135,18 @@ def test_a_term_longer_than_the_limit_leaves_its_sentence_unconstrained_and_mark
     assert results[0] and all(h.unmet_terms for h in results[0])
     assert [h.tokens for h in results[0]] == [h.tokens for h in unconstrained[0]]
     assert not any(h.unmet_terms for hyps in results[1:] for h in hyps)
+
+
+def test_glossary_matches_whole_words_longest_first_without_overlaps():
+    glossary = Glossary.of_pairs(
+        [("car", "Auto"), ("red car", "rotes Auto"), ("Dog", "Hund"), ("car park", "Parkplatz")],
+        None,
+    )
+    assert glossary.terms("The red car.", None) == ["rotes Auto"]
+    assert glossary.terms("the car and the red car", None) == ["Auto", "rotes Auto"]
+    assert glossary.terms("a DOG, a dogma, a dog-friendly car park", None) == ["Hund", "Parkplatz"]
+    assert glossary.terms("the red car park", None) == ["Parkplatz"]  # the longer of the two
+    assert glossary.terms("dogma", None) == []
 
 
 @pytest.mark.parametrize(
@@ -155,10 +177,15 @@ def test_greedy_search_and_bad_glossaries_are_refused_in_one_line(
     glossary.write_text("dog\tHund\n")
     with pytest.raises(ConfigError, match="'decode.glossary': target terms need beam search"):
         DecodeConfig(strategy=Strategy.greedy, glossary=str(glossary)).validate()
+    with pytest.raises(ConfigError, match="'decode.glossary': target terms need .*beam_size >= 2"):
+        DecodeConfig(beam_size=1, nbest=1, glossary=str(glossary)).validate()
     model = random_model(VOCAB, 6)
     greedy = Translator.for_model(model, tokenizers, DecodeConfig(strategy=Strategy.greedy), CPU)
     with pytest.raises(ConfigError, match="'decode.strategy': target terms"):
         greedy.translate_nbest(["the dog ."], terms=[["Hund"]])
+    one_beam = Translator.for_model(model, tokenizers, DecodeConfig(beam_size=1, nbest=1), CPU)
+    with pytest.raises(ConfigError, match="'decode.strategy': target terms need .*beam_size >= 2"):
+        one_beam.translate_nbest(["the dog ."], terms=[["Hund"]])
     broken = tmp_path / "broken.tsv"
     broken.write_text("dog\tHund\ncat Katze\n")
     translator = Translator.for_model(model, tokenizers, DecodeConfig(glossary=str(broken)), CPU)
@@ -197,6 +224,6 @@ def test_tmt_translate_and_tmt_eval_name_the_lines_translated_without_their_term
         compose_job("eval", [f"run_dir={one_update_run}", f"decode.glossary={glossary}", *short])
     )
     data = RunDir(one_update_run).data_config()
-    with_the = sum(first_occurrence(s.casefold(), "the") >= 0 for s, _ in read_pairs(data, "test"))
+    with_the = sum(bool(occurrences(s.casefold(), "the")) for s, _ in read_pairs(data, "test"))
     assert with_the > 0 and report.unmet_terms == with_the
     assert report.to_json()["unmet_terms"] == with_the

@@ -22,7 +22,9 @@ Dynamic beam allocation (Post & Vilar, NAACL 2018) in the vectorized form of Hu 
   that meets them all within its length limit ends with none (the Translator then translates
   it without its terms and marks it).
 
-Every term is at most MAX_TERM_PIECES pieces, a sentence has at most MAX_TERMS terms.
+Every term is at most MAX_TERM_PIECES pieces, a sentence has at most MAX_TERMS terms: a sentence
+beyond them (`beyond_search`) is translated without its terms and marked, like one whose terms
+the search cannot meet.
 """
 
 from __future__ import annotations
@@ -68,6 +70,21 @@ class Terms:
     def total(self) -> Tensor:
         """(B,) each sentence's term pieces in all: its top bank."""
         return self.lengths.sum(dim=1)
+
+
+def beyond_search(
+    terms: list[list[int]], source_length: int, max_len_a: float, max_len_b: int
+) -> bool:
+    """Whether a sentence's terms are beyond what the search takes: over MAX_TERMS terms, a
+    term of over MAX_TERM_PIECES pieces, or more pieces in all than its length limit leaves
+    room for before EOS (source_length: its pieces with EOS). Such a sentence is translated
+    without its terms, and marked, without a constrained search."""
+    limit = int(max_len_a * source_length + max_len_b)
+    return (
+        len(terms) > MAX_TERMS
+        or any(len(term) > MAX_TERM_PIECES for term in terms)
+        or sum(map(len, terms)) >= limit
+    )
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,12 @@ may hold spaces; lines that are empty or start with '#' are skipped). A source t
 sentence where it appears with the same letters up to case (both casefolded, after the
 normalisation the training data had, data.unicode_form), not inside a longer word: the
 characters before and after it, if any, are neither letters nor digits ("dog" occurs in "The
-dog, asleep" and in "dog-friendly", not in "dogma"). Each term that occurs gives its target
-term once, as written in the glossary, in the order of the terms' first occurrences; the
-search (decode/constraints.py) then keeps only translations that contain every one of them.
+dog, asleep" and in "dog-friendly", not in "dogma"). Occurrences do not overlap: longer
+source terms are matched first, and a term is not matched where it lies within (or across) one
+matched already ("red car → rotes Auto" and "car → Auto" give "rotes Auto" alone for "the red
+car", both for "the red car and the car"). Each term that occurs gives its target term once, as
+written in the glossary, in the order of the terms' first occurrences; the search
+(decode/constraints.py) then keeps only translations that contain every one of them.
 """
 
 from __future__ import annotations
@@ -66,26 +69,32 @@ class Glossary:
         return cls.of_pairs(pairs, unicode_form)
 
     def terms(self, sentence: str, unicode_form: str | None) -> list[str]:
-        """The target terms of the source terms that occur in `sentence`, each once, in the
-        order of their first occurrence."""
+        """The target terms of the source terms that occur in `sentence` (longer source terms
+        first, no two occurrences overlapping), each once, in the order of their first
+        occurrence."""
         folded = normalise(sentence, unicode_form).casefold()
+        taken: list[tuple[int, int]] = []
         found: dict[str, int] = {}
-        for source, target in self.pairs:
-            place = first_occurrence(folded, source)
-            if place >= 0 and place < found.get(target, len(folded) + 1):
-                found[target] = place
+        for source, target in sorted(self.pairs, key=lambda pair: -len(pair[0])):
+            for start in occurrences(folded, source):
+                end = start + len(source)
+                if any(start < other_end and other_start < end for other_start, other_end in taken):
+                    continue
+                taken.append((start, end))
+                found[target] = min(start, found.get(target, start))
         return sorted(found, key=found.__getitem__)
 
 
-def first_occurrence(text: str, term: str) -> int:
-    """Where `term` first occurs in `text` as a whole word or words (not inside a longer word:
-    no letter or digit right before or after it), or -1."""
+def occurrences(text: str, term: str) -> list[int]:
+    """Where `term` occurs in `text` as a whole word or words (not inside a longer word: no
+    letter or digit right before or after it)."""
+    places = []
     start = text.find(term)
     while start >= 0:
         end = start + len(term)
         before = start == 0 or not text[start - 1].isalnum()
         after = end == len(text) or not text[end].isalnum()
         if before and after:
-            return start
+            places.append(start)
         start = text.find(term, start + 1)
-    return -1
+    return places

@@ -41,7 +41,7 @@ from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
 from transformer_mt.decode.alignment import AttentionMap, word_alignment
-from transformer_mt.decode.constraints import MAX_TERM_PIECES, MAX_TERMS, Terms
+from transformer_mt.decode.constraints import Terms, beyond_search
 from transformer_mt.decode.glossary import Glossary
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
@@ -212,9 +212,19 @@ class ModelSearch:
             "src_padded": len({len(s) for s in sources}) > 1,
             "prefix": prefix,
         }
-        wanted = None
-        if terms is not None and any(terms):
-            wanted = Terms.of_ids(terms, self.device)
+        wanted, beyond = None, []
+        if terms is not None:
+            beyond = [
+                i
+                for i, (source, sentence_terms) in enumerate(zip(sources, terms, strict=True))
+                if sentence_terms
+                and beyond_search(
+                    sentence_terms, len(source) + 1, decode.max_len_a, decode.max_len_b
+                )
+            ]
+            terms = [[] if i in beyond else t for i, t in enumerate(terms)]
+            if any(terms):
+                wanted = Terms.of_ids(terms, self.device)
         with policy.forward():
             members = self.members(policy)
             fixed = policy.fixed_shape_decoding
@@ -225,9 +235,13 @@ class ModelSearch:
                 alone = {**common, "src_padded": True}
                 if prefix is not None:
                     alone["prefix"] = prefix.index_select(0, rows)
-                again = self.strategy_search(members, src.index_select(0, rows), decode, alone)
+                again = self.strategy_search(
+                    members, src.index_select(0, rows), decode, alone, fixed
+                )
                 for index, hyps in zip(unmet, again, strict=True):
-                    found[index] = [dataclasses.replace(h, unmet_terms=True) for h in hyps]
+                    found[index] = hyps
+        for index in [*beyond, *unmet]:
+            found[index] = [dataclasses.replace(h, unmet_terms=True) for h in found[index]]
         return found
 
     def members(self, policy: ExecutionPolicy) -> Ensemble:
@@ -502,8 +516,8 @@ class Translator:
     ) -> list[list[list[int]]] | None:
         """Each sentence's target terms, encoded: `terms`' and those of the pairs of `glossary`
         (else decode.glossary's) whose source term occurs in it (decode/glossary.py), each
-        once; None where there are none at all. ConfigError naming the line with over MAX_TERMS
-        terms or a term of over MAX_TERM_PIECES pieces."""
+        once; None where there are none at all. (A line with more of them than the search
+        takes is translated without them and marked: constraints.beyond_search.)"""
         decode = self.decode if decode is None else decode
         if glossary is None and decode.glossary is not None:
             glossary = self.glossary(decode.glossary)
@@ -517,12 +531,6 @@ class Translator:
             matched = [] if glossary is None else glossary.terms(sentence, self.unicode_form)
             line = list(dict.fromkeys([*given, *matched]))  # each once, in order
             encoded = self.encode_targets(line) if line else []
-            if len(encoded) > MAX_TERMS or any(len(t) > MAX_TERM_PIECES for t in encoded):
-                raise ConfigError(
-                    f"line {number}: {len(encoded)} target terms, of up to "
-                    f"{max(map(len, encoded))} pieces: the limits are {MAX_TERMS} terms a line "
-                    f"and {MAX_TERM_PIECES} pieces a term"
-                )
             wanted.append([t for t in encoded if t])
         return wanted if any(wanted) else None
 
@@ -716,11 +724,8 @@ class Translator:
         for name, given in (("prefixes", prefixes), ("terms", terms)):
             if given is not None and len(given) != len(ids):
                 raise ValueError(f"{len(given)} {name} for {len(ids)} sources")
-        if terms is not None and any(terms) and decode.strategy != Strategy.beam:
-            raise ConfigError(
-                "config key 'decode.strategy': target terms (a glossary, constraints) need beam "
-                f"search, not {decode.strategy.value}"
-            )
+        if terms is not None and any(terms) and decode.terms_refusal() is not None:
+            raise ConfigError(f"config key 'decode.strategy': {decode.terms_refusal()}")
         outputs = [[Hypothesis([], 0.0)] for _ in ids]
         for batch in self.batches(ids, decode, policy):
             batch_prefixes = None if prefixes is None else [prefixes[i] for i in batch]

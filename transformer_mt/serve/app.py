@@ -260,12 +260,10 @@ def request_terms(
         if asked.glossary is not None:
             pairs = [(pair.source, pair.target) for pair in asked.glossary]
             glossary = Glossary.of_pairs(pairs, translator.unicode_form)
-        terms = translator.line_terms(lines, decode, asked.constraints, glossary)
-        if terms is not None and decode.strategy != Strategy.beam:
-            raise ConfigError(
-                "target terms (a glossary, constraints) need beam search, not "
-                f"{decode.strategy.value}"
-            )
+        # the server's glossary (translator.decode's) unless the request has its own
+        terms = translator.line_terms(lines, translator.decode, asked.constraints, glossary)
+        if terms is not None and decode.terms_refusal() is not None:
+            raise ConfigError(decode.terms_refusal())
     except ConfigError as error:
         raise Refused(422, str(error)) from None
     return terms
@@ -482,6 +480,8 @@ def requested_decode(
     decode = dataclasses.replace(translator.decode, **changes)
     if decode.beam_size > limits.max_beam_size:
         raise ConfigError(f"beam_size {decode.beam_size}: the limit is {limits.max_beam_size}")
+    if decode.terms_refusal() is not None:  # request_terms refuses it for lines with terms
+        decode = dataclasses.replace(decode, glossary=None)
     return translator.checked(decode)
 
 
