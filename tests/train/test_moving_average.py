@@ -37,6 +37,26 @@ def test_the_average_follows_the_weights_with_a_warmed_up_decay():
     assert torch.equal(average.model.bias, layer.bias)  # untouched values move nowhere
 
 
+class TwoRanks:
+    """Ranks.gather of two ranks, the second holding `other` (None: the same as the first)."""
+
+    def __init__(self, other: torch.Tensor | None):
+        self.other = other
+
+    def gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        return [tensor, tensor.clone() if self.other is None else self.other]
+
+
+def test_the_state_holds_each_rank_s_digest_and_refuses_averages_that_differ():
+    layer = nn.Linear(3, 2)
+    average = WeightAverage(layer, decay=0.9)
+    average.update(layer)
+    state = average.state(TwoRanks(None))
+    assert len(state.rank_digests) == 2 and torch.equal(*state.rank_digests)
+    with pytest.raises(CheckpointError, match=r"rank\(s\) \[1\] differs from rank 0's"):
+        average.state(TwoRanks(torch.zeros(2, dtype=torch.float64)))
+
+
 def test_every_checkpoint_holds_the_average_and_a_resume_continues_it_bitwise(
     tiny_train_job, tmp_path
 ):

@@ -116,14 +116,6 @@ class ConstraintState:
         return (self.met | ~wanted).all(dim=1)
 
 
-def banned_endings(log_probs: Tensor, state: ConstraintState, terms: Terms, eos_id: int) -> Tensor:
-    """log_probs (N, V) with EOS at -inf in the rows that have not met every term."""
-    rows_per_sentence = log_probs.shape[0] // terms.lengths.shape[0]
-    complete = state.complete(terms.lengths, rows_per_sentence)
-    log_probs[:, eos_id] = torch.where(complete, log_probs[:, eos_id], -torch.inf)
-    return log_probs
-
-
 def term_candidates(
     log_probs: Tensor, scores: Tensor, state: ConstraintState, terms: Terms, generated: Tensor
 ) -> tuple[Tensor, Tensor]:

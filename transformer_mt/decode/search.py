@@ -563,7 +563,8 @@ def advance(
 ) -> tuple[BeamState, Tensor, Tensor]:
     """One step of beam search from next-token log-probabilities, (B, V) at the first step
     (every beam of a sentence is BOS alone: one row each) or (B*K, V): the new state, the rows
-    the survivors continue (B*K,) and their tokens (B*K,). Pure, and without a copy to the host.
+    the survivors continue (B*K,) and their tokens (B*K,). Without a copy to the host; pure but
+    for `log_probs`, whose EOS column a search with terms sets to -inf where they are unmet.
 
     Of each sentence's best K candidates, those that end in EOS (at a finite score, in a
     sentence not done) join its finished hypotheses (`kept_finished`); the sentence is done at

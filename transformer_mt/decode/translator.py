@@ -598,6 +598,8 @@ class Translator:
         """The word alignment of each given translation (decode/alignment.word_alignment of
         decoder layer `layer`, `alignment_layer`'s choice for None), read teacher-forced over
         the target as `encode_targets` encodes it; None for an empty source."""
+        if len(targets) != len(sources):
+            raise ValueError(f"{len(targets)} translations for {len(sources)} sources")
         reader = self.attention_reader()
         chosen = self.alignment_layer(layer)
         decode, policy = self.prepared(decode)

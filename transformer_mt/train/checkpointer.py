@@ -21,6 +21,7 @@ from transformer_mt.checkpoint import (
     TrainingState,
     UpdateCounts,
 )
+from transformer_mt.checkpoint.training_state import has_moving_average
 from transformer_mt.config import TrainerConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.run_dir import RunDir
@@ -184,8 +185,14 @@ class Checkpointer:
             parts.scaler.load_state_dict(state.scaler)
         if parts.ema is not None and state.ema is not None:
             parts.ema.load(state.ema)
-        elif parts.ema is not None and self.ranks.is_main:  # trainer.resume=force: a new setting
+        elif parts.ema is not None and self.ranks.is_main:  # trainer.ema_decay set since
             log.warning("%s has no moving average of its weights: it starts here", path.name)
+        elif state.ema is not None and self.ranks.is_main:  # trainer.ema_decay=0 since
+            log.warning(
+                "%s has a moving average of its weights, and trainer.ema_decay=0: it is dropped, "
+                "and this run's checkpoints hold none",
+                path.name,
+            )
         progress = checkpoint.record.progress or Progress(UpdateCounts(step=checkpoint.record.step))
         if not restore_rng(state.rng, self.ranks, self.device, self.settings.seed, progress.step):
             log.warning("another number of ranks: dropout draws fresh random numbers")
@@ -219,6 +226,8 @@ class Checkpointer:
             self.parts.model.load_state_dict(checkpoint.weights())
         except RuntimeError as error:
             raise CheckpointError(f"{checkpoint.path}: cannot take its weights: {error}") from error
+        if has_moving_average(checkpoint.state) and self.ranks.is_main:
+            log.info("fine-tuning from %s's moving average of its weights", checkpoint.path.name)
 
 
 def gathered_rng(ranks: Ranks, device: torch.device) -> RngStates:

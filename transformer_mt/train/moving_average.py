@@ -20,11 +20,13 @@ from torch import Tensor, nn
 from torch.optim.swa_utils import AveragedModel
 
 from transformer_mt.checkpoint.training_state import MovingAverage
+from transformer_mt.errors import CheckpointError
 from transformer_mt.train.distributed import Ranks
 
 
 class WeightAverage:
-    """The moving average of `model`'s parameters (its buffers are the model's, copied once)."""
+    """The moving average of `model`'s parameters (its buffers are the model's, copied at
+    every update: AveragedModel with use_buffers=False)."""
 
     def __init__(self, model: nn.Module, decay: float):
         self.decay, self.updates = decay, 0
@@ -50,9 +52,17 @@ class WeightAverage:
 
     def state(self, ranks: Ranks) -> MovingAverage:
         """The average as a checkpoint keeps it, with every rank's digest of its own (a
-        collective: every rank calls it)."""
+        collective: every rank calls it); CheckpointError where a rank's differs from rank
+        0's."""
         weights = self.model.state_dict()
-        return MovingAverage(weights, self.updates, ranks.gather(digest(weights)))
+        digests = ranks.gather(digest(weights))
+        differ = [rank for rank, found in enumerate(digests) if not torch.equal(found, digests[0])]
+        if differ:  # every rank has the digests: all of them stop here alike
+            raise CheckpointError(
+                f"the moving average of the weights on rank(s) {differ} differs from rank 0's: "
+                "the ranks' models diverged; nothing is saved"
+            )
+        return MovingAverage(weights, self.updates, digests)
 
     def load(self, saved: MovingAverage) -> None:
         self.model.load_state_dict(saved.weights)
