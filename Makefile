@@ -25,7 +25,7 @@ PNG ?= attention.png
 TORCH_CUDA ?=
 comma := ,
 
-.PHONY: help install demo prepare train average eval translate backtranslate serve plot-attention export \
+.PHONY: help install demo prepare train average eval translate backtranslate score serve plot-attention export \
 	export-hf test bench bench-data bench-decode bench-serve fault-drill gpu-check lint clean
 
 help: ## list the targets
@@ -71,6 +71,9 @@ translate: $(STAMP) ## translate lines from stdin to stdout with the model in RU
 
 backtranslate: $(STAMP) ## RUN (the reverse direction) translates ARGS="input=mono.en output=bt": a synthetic corpus, resumable
 	$(BIN)/tmt-backtranslate run_dir=$(RUN) $(ARGS)
+
+score: $(STAMP) ## RUN's score of each translation: ARGS="source=src.de target=hyp.en output=scores.tsv"
+	@$(BIN)/tmt-score run_dir=$(RUN) $(ARGS)
 
 serve: $(STAMP) ## an HTTP API and a page with attention pictures for RUN on 127.0.0.1:8000 (ARGS="port=...")
 	$(BIN)/tmt-serve run_dir=$(RUN) $(ARGS)

@@ -1,10 +1,12 @@
 """The page of tmt-serve in a real browser: start the server on a trained model, open the page in
 headless Chromium with a sentence, and keep a screenshot; the page's DOM, read the same way,
 must show the translation, the n-best list and the heat map; of a model trained into several
-target languages (--tgt-lang), the language menu with the language asked for.
+target languages (--tgt-lang), the language menu with the language asked for; with terms in the
+glossary box (--glossary), a translation that contains them.
 
     .venv/bin/python -m benchmarks.browser_check --run runs/demo --output benchmarks/serve_page.png
     .venv/bin/python -m benchmarks.browser_check --run runs/both_ways --tgt-lang de
+    .venv/bin/python -m benchmarks.browser_check --run runs/demo --glossary "farmer=Landwirt"
 
 Needs the `serve` extra and Chromium (Debian: apt install chromium). Exits 1 if the page does
 not show what it should.
@@ -100,6 +102,11 @@ def main() -> None:
     parser.add_argument("--text", default="The old farmer has sold his seven black horses.")
     parser.add_argument("--output", type=Path, default=Path("benchmarks/serve_page.png"))
     parser.add_argument("--tgt-lang", help="a model of several target languages: translate into")
+    parser.add_argument(
+        "--glossary",
+        help='term pairs for the glossary box, "source=target|source=target": the translation '
+        "shown must contain each target term",
+    )
     args = parser.parse_args()
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -108,6 +115,8 @@ def main() -> None:
     server = start_server(args.run, port)
     try:
         query = {"text": args.text, **({"tgt_lang": args.tgt_lang} if args.tgt_lang else {})}
+        if args.glossary:
+            query["glossary"] = args.glossary
         url = f"http://127.0.0.1:{port}/?" + urllib.parse.urlencode(query)
         shot = chromium(browser, url, f"--screenshot={args.output.resolve()}")
         if shot.returncode != 0 or not args.output.is_file():
@@ -123,6 +132,12 @@ def main() -> None:
     print(f"  screenshot: {args.output}")
     if not (page.translation.strip() not in ("", "…") and page.alternatives and page.cells):
         raise SystemExit("the page does not show a translation, its n-best list and a heat map")
+    if args.glossary:
+        wanted = [pair.split("=", 1)[1].strip() for pair in args.glossary.split("|")]
+        missing = [term for term in wanted if term not in page.translation]
+        print(f"  glossary terms {wanted}: missing from the translation: {missing or 'none'}")
+        if missing:
+            raise SystemExit(f"the translation shown lacks the glossary's terms {missing}")
     if args.tgt_lang:
         print(f"  language menu shown: {page.menu_shown}; selected: {page.selected}")
         if not (page.menu_shown and page.selected == args.tgt_lang):

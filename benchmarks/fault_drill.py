@@ -5,6 +5,7 @@
     python -m benchmarks.fault_drill | tee benchmarks/fault_drill.txt
     python -m benchmarks.fault_drill --compile               # the same with trainer.compile=true
     python -m benchmarks.fault_drill --two-corpora   # on two corpora, one weighted and tagged
+    python -m benchmarks.fault_drill --ema 0.99      # with a moving average of the weights
 
 Every run goes through the real command line (`tmt-prepare`, `tmt-train`, each in its own
 process group) on the embedded toy corpus with the tiny model:
@@ -101,6 +102,13 @@ def parse_args() -> argparse.Namespace:
         "restart compiles again)",
     )
     parser.add_argument(
+        "--ema",
+        type=float,
+        default=0.0,
+        help="both runs with trainer.ema_decay=EMA (a moving average of the weights, in every "
+        "checkpoint: the drill compares it too)",
+    )
+    parser.add_argument(
         "--two-corpora",
         action="store_true",
         help="both runs on two corpora: the toy corpus and a second one (another seed), weight "
@@ -131,6 +139,7 @@ def train_overrides(args: argparse.Namespace, run_dir: Path, prepared_dir: Path)
         "loader_workers": 1,
         "progress_bar": "false",
         "compile": "true" if args.compile else "false",
+        "ema_decay": args.ema,
     }
     return [
         "data=toy",

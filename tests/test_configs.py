@@ -95,16 +95,17 @@ def test_impossible_values_name_the_key(override, key):
 
 COMMAND_KEYS = {
     "train": "run_dir data model optim trainer decode",
-    "eval": "run_dir checkpoint split device valid_sentences decode",
-    "translate": "run_dir checkpoint device input output attention attention_layer decode",
-    "average": "run_dir last output valid_sentences device decode",
-    "export": "run_dir checkpoint format output quantization",
+    "eval": "run_dir checkpoint split device valid_sentences decode weights",
+    "translate": "run_dir checkpoint device input output attention attention_layer decode "
+    "alignment alignment_layer input_prefixes weights",
+    "average": "run_dir last output valid_sentences device decode weights",
+    "export": "run_dir checkpoint format output quantization weights",
     "serve": "run_dir checkpoint device host port max_request_bytes max_lines max_line_chars "
     "max_beam_size max_pending_pieces request_timeout_s max_attention_cells max_connections "
-    "decode",
+    "decode max_glossary_pairs weights",
 }
-"""The top-level keys of each command's configuration (99ece05's): a user's command line and an
-older run's config.yaml name them."""
+"""The top-level keys of each command's configuration (99ece05's, and those added since): a
+user's command line and an older run's config.yaml name them."""
 
 
 @pytest.mark.parametrize("name", sorted(COMMAND_KEYS))

@@ -20,6 +20,7 @@ from transformer_mt.commands.train import train  # noqa: E402
 from transformer_mt.config import DecodeConfig, ServeJob, Strategy  # noqa: E402
 from transformer_mt.data.toy import toy_pairs  # noqa: E402
 from transformer_mt.decode.loading import load_translator  # noqa: E402
+from transformer_mt.decode.scoring import score_pairs  # noqa: E402
 from transformer_mt.decode.translator import Translator  # noqa: E402
 from transformer_mt.serve.app import create_app  # noqa: E402
 
@@ -31,6 +32,7 @@ LIMITS = ServeJob(
     max_lines=8,
     max_line_chars=200,
     max_beam_size=6,
+    max_glossary_pairs=3,
     port=0,  # any free port: tmt-serve binds its address once before the model loads
 )
 SENTENCES = [en for en, _ in toy_pairs(16, seed=11, max_words=12)]
@@ -101,6 +103,60 @@ def test_attention_rows_sum_to_one_over_the_source_pieces(client):
     assert first["translations"][0]["attention"]["layer"] == 0
 
 
+def test_word_alignments_are_the_library_s(client, translator):
+    answer = client.post("/translate", json={"lines": SENTENCES[:3], "alignment": True}).json()
+    expected = translator.translate_nbest(SENTENCES[:3], alignment=translator.alignment_layer(None))
+    served = [t["alignment"] for t in answer["translations"]]
+    assert served == [[list(pair) for pair in nbest[0].alignment] for nbest in expected]
+    for translation, pairs in zip(answer["translations"], served, strict=True):
+        targets = sorted(target for _, target in pairs)
+        assert targets == list(range(len(translation["text"].split())))  # each word one pair
+    assert answer["translations"][0]["attention"] is None
+    plain = client.post("/translate", json={"text": SENTENCES[0]}).json()
+    assert plain["translations"][0]["alignment"] is None
+
+
+def test_a_prefix_begins_each_translation_as_in_the_library(client, translator):
+    prefixes = ["Der", "", "Die Frau"]
+    answer = client.post("/translate", json={"lines": SENTENCES[:3], "prefix": prefixes}).json()
+    texts = [t["text"] for t in answer["translations"]]
+    expected = translator.translate_nbest(SENTENCES[:3], prefixes=prefixes)
+    assert texts == [nbest[0].text for nbest in expected]
+    assert texts[0].startswith("Der") and texts[2].startswith("Die Frau")
+    one = client.post("/translate", json={"text": SENTENCES[0], "prefix": "Der"}).json()
+    assert one["translations"][0]["text"] == texts[0]
+
+
+def test_a_request_s_glossary_and_constraints_are_in_its_translations(client, translator):
+    """SENTENCES[0]: 'They have ordered the aunt.'; SENTENCES[3]: 'Here a deep camel ...'."""
+    glossary = [{"source": "AUNT", "target": "Großmutter"}, {"source": "camel", "target": "Pferd"}]
+    lines = [SENTENCES[0], SENTENCES[1], SENTENCES[3]]
+    answer = client.post(
+        "/translate",
+        json={"lines": lines, "glossary": glossary, "constraints": [[], ["Nachts Haus"], []]},
+    ).json()
+    texts = [t["text"] for t in answer["translations"]]
+    assert "Großmutter" in texts[0] and "Nachts Haus" in texts[1] and "Pferd" in texts[2]
+    assert not any(t["unmet_terms"] for t in answer["translations"])
+    library = translator.translate_nbest(lines, terms=[["Großmutter"], ["Nachts Haus"], ["Pferd"]])
+    assert texts == [nbest[0].text for nbest in library]
+
+
+def test_a_server_glossary_refuses_greedy_requests_only_for_lines_with_its_terms(
+    translator, tmp_path
+):
+    glossary = tmp_path / "terms.tsv"
+    glossary.write_text("aunt\tGroßmutter\n")
+    served = with_decode(translator, glossary=str(glossary))
+    with TestClient(create_app(served, LIMITS)) as client:
+        free = client.post("/translate", json={"text": SENTENCES[1], "strategy": "greedy"})
+        termed = client.post("/translate", json={"text": SENTENCES[0], "strategy": "greedy"})
+        beam = client.post("/translate", json={"text": SENTENCES[0]})
+    assert free.status_code == 200, free.text
+    assert termed.status_code == 422 and "need beam search" in termed.text
+    assert "Großmutter" in beam.json()["translations"][0]["text"]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -114,6 +170,22 @@ def test_attention_rows_sum_to_one_over_the_source_pieces(client):
         ({"text": "a", "strategy": "nucleus"}, 422, "the request is not valid"),
         ({"text": "a", "nbest": 0}, 422, "the request is not valid"),
         ({"text": "a", "attention": True, "attention_layer": 5}, 422, "the decoder has 2 layers"),
+        ({"text": "a", "alignment": True, "alignment_layer": -3}, 422, "'alignment_layer'"),
+        ({"text": "a", "prefix": ["b"]}, 422, 'give "prefix" as a string with "text"'),
+        ({"lines": ["a", "b"], "prefix": ["c"]}, 422, "1 prefixes for 2 lines"),
+        ({"lines": ["a"], "prefix": ["c\nd"]}, 422, "prefix 0 holds a line break"),
+        ({"lines": ["a", "b"], "constraints": [["c"]]}, 422, "1 lists of constraints for 2"),
+        (
+            {"text": "a dog", "strategy": "greedy", "glossary": [{"source": "dog", "target": "X"}]},
+            422,
+            "need beam search",
+        ),
+        ({"text": "a", "glossary": [{"source": " ", "target": "X"}]}, 422, "a term is empty"),
+        (
+            {"text": "a", "glossary": [{"source": "a", "target": "b"}] * 4},
+            422,
+            "4 glossary pairs: the limit is 3",
+        ),
         # numbers a search cannot use: refused by their key, not a 500 (issue 59)
         ({"text": "a", "length_penalty": float("inf")}, 422, "'decode.length_penalty'"),
         ({"text": "a", "length_penalty": 1e308}, 422, "'decode.length_penalty'"),
@@ -142,6 +214,50 @@ def test_a_request_over_the_size_limit_and_malformed_json(client):
     )
     assert answer.status_code == 422
     assert answer.json()["errors"][0]["problem"].startswith("Invalid JSON")
+
+
+def test_scores_are_the_library_s(client, translator):
+    best = [nbest[0] for nbest in translator.translate_nbest(SENTENCES[:4])]
+    pairs = [{"source": s, "target": b.text} for s, b in zip(SENTENCES, best, strict=False)]
+    pairs.append({"source": "", "target": "a"})
+    answer = client.post("/score", json={"pairs": pairs, "length_penalty": 0.6})
+    assert answer.status_code == 200, answer.text
+    scores = answer.json()["scores"]
+    expected = score_pairs(translator, [p["source"] for p in pairs], [p["target"] for p in pairs])
+    assert scores[-1] is None and expected[-1] is None
+    for served, library in zip(scores[:-1], expected[:-1], strict=True):
+        assert served == {
+            "normalised": library.normalised,
+            "log_prob": library.log_prob,
+            "per_piece": library.per_piece,
+            "pieces": library.pieces,
+        }
+    encoded = translator.tokenizers.tgt.encode([b.text for b in best])
+    searched = translator.nbest_ids(translator.encode(SENTENCES[:4]))
+    same = [ids == hyps[0].tokens for ids, hyps in zip(encoded, searched, strict=True)]
+    for served, entry, spelled_alike in zip(scores, best, same, strict=False):  # the search's
+        if spelled_alike:
+            assert served["normalised"] == pytest.approx(entry.score, rel=1e-5, abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"pairs": [{"source": "a", "target": "b"}] * 9}, "9 pairs: the limit is 8"),
+        ({"pairs": [{"source": "a", "target": "x" * 201}]}, "pair's target 0 has 201 characters"),
+        ({"pairs": [{"source": "a\nb", "target": "b"}]}, "pair's source 0 holds a line break"),
+        ({"pairs": [{"source": "a"}]}, "the request is not valid"),
+        ({"pairs": [{"source": "a", "target": "b"}], "beam_size": 2}, "the request is not valid"),
+        ({"pairs": [], "length_penalty": float("inf")}, "'decode.length_penalty'"),
+        ({"pairs": [{"source": "a", "target": "b"}], "tgt_lang": "fr"}, "decode.tgt_lang"),
+    ],
+)
+def test_a_bad_scoring_request_is_a_422_with_a_message(client, body, message):
+    headers = {"content-type": "application/json"}
+    answer = client.post("/score", content=json.dumps(body).encode(), headers=headers)
+    assert answer.status_code == 422
+    said = answer.json()
+    assert message in " ".join([said["detail"], *(e["problem"] for e in said.get("errors", []))])
 
 
 def test_sixteen_concurrent_clients_are_all_answered_correctly(translator):

@@ -34,6 +34,7 @@ from transformer_mt.config import (
     BacktranslateJob,
     EvalJob,
     ExportJob,
+    ScoreJob,
     ServeJob,
     TrainJob,
     TranslateJob,
@@ -293,7 +294,8 @@ def translate_main(cfg: DictConfig) -> None:
         hydra_cfg = HydraConfig.get()
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         swept = sweep_keys(hydra_cfg) if multirun else set()
-        check_job_paths(cfg, multirun=multirun, outputs=("output", "attention"), swept=swept)
+        outputs = ("output", "attention", "alignment")
+        check_job_paths(cfg, multirun=multirun, outputs=outputs, swept=swept)
         translate(as_job(cfg, TranslateJob))
 
     run_reporting_errors(task)
@@ -307,6 +309,15 @@ def backtranslate_main(cfg: DictConfig) -> None:
     from transformer_mt.commands.backtranslate import backtranslate
 
     run_reporting_errors(lambda: backtranslate(as_job(cfg, BacktranslateJob)))
+
+
+@config_errors_exit_2
+@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="score")
+def score_main(cfg: DictConfig) -> None:
+    """tmt-score: the model's score of each given translation (source= and target= files)."""
+    from transformer_mt.commands.score import score
+
+    run_reporting_errors(lambda: score(as_job(cfg, ScoreJob)))
 
 
 @config_errors_exit_2

@@ -115,6 +115,15 @@ INT8_PRODUCTS = (CpuLinear.int8, CpuLinear.int8_batch)
 """decode.quantize's values, with none."""
 
 
+class Weights(str, Enum):
+    """Which of a checkpoint's weights decode: the exponential moving average where the run kept
+    one (trainer.ema_decay), else the weights as trained (auto); or either one (raw, ema)."""
+
+    auto = "auto"
+    raw = "raw"
+    ema = "ema"
+
+
 class ResumeMode(str, Enum):
     auto = "auto"
     never = "never"
@@ -615,6 +624,13 @@ class TrainerConfig:
     the rest packed as similar lengths are; similar: sorted by length and padded, the padding
     masked; auto: equal on CUDA, similar elsewhere (execution.AUTO_EQUAL_SOURCES). The token
     budgets and the update's size are the same either way."""
+    ema_decay: float = 0.0
+    """Keep an exponential moving average of the weights (0: none), updated after every update
+    as ema += (1 - d) * (weights - ema) with d = min(ema_decay, (1 + n) / (10 + n)) at its n-th
+    update (the average follows the weights closely early on, when they move fast). Its weights
+    are in every checkpoint beside the weights as trained, validation scores them (and best.pt
+    follows their score), and tmt-eval, tmt-translate, tmt-serve, tmt-average and tmt-export use
+    them unless told `weights=raw` (docs/training.md#an-exponential-moving-average)."""
     cpu_linear: CpuLinear = CpuLinear.onednn
     """How the linear layers and the loss's output projection multiply when the model trains
     in float32 on the CPU (eager): onednn (oneDNN's kernel with the weights reordered at each
@@ -646,6 +662,12 @@ class TrainerConfig:
         validate_sdpa_backends(self.sdpa_backends, "trainer.sdpa_backends")
         validate_cpu_linear(self.cpu_linear, "trainer.cpu_linear")
         compile_setting(self.compile)
+        _require(
+            0.0 <= self.ema_decay < 1.0,
+            "trainer.ema_decay",
+            f"must be in [0, 1) (0: no average; 0.999 averages about the last 1,000 updates), "
+            f"got {self.ema_decay}",
+        )
         _require(
             self.resume_from is None or self.resume != ResumeMode.never,
             "trainer.resume_from",
@@ -747,6 +769,12 @@ class DecodeConfig:
     tmt-translate and tmt-serve turn on with device.prepare_process: 10-bit mantissa inputs,
     float32 sums). It holds inside an enclosing autocast too. A CTranslate2 export computes in
     its own type (auto only)."""
+    glossary: str | None = None
+    """A glossary file (a source term, a tab and a target term a line: decode/glossary.py):
+    wherever a source term occurs in a sentence, its translation must contain the target term
+    (lexically constrained beam search, decode/constraints.py); beam search only. A sentence
+    whose terms cannot all be met within its length limit is translated without them, and
+    marked (docs/using-a-model.md#glossaries)."""
     tgt_lang: str | None = None
     """The language to translate into, for a model trained into several (data.corpora with other
     target languages): its tag goes before every source (docs/several-corpora.md). null: the
@@ -821,6 +849,8 @@ class DecodeConfig:
                 f"must be <= decode.beam_size={self.beam_size}, got {self.nbest}",
             )
         self._validate_sampling()
+        if self.glossary is not None and self.terms_refusal() is not None:
+            raise ConfigError(f"config key 'decode.glossary': {self.terms_refusal()}")
         _require(
             self.precision in DECODE_PRECISIONS,
             "decode.precision",
@@ -841,6 +871,17 @@ class DecodeConfig:
             "fp32, or decode.quantize=none",
         )
         validate_sdpa_backends(self.sdpa_backends, "decode.sdpa_backends")
+
+    def terms_refusal(self) -> str | None:
+        """Why these settings cannot search with target terms (a glossary, constraints), or
+        None: dynamic beam allocation needs beam search, and a beam of two at least (with one,
+        it could only write the terms first)."""
+        if self.strategy != Strategy.beam:
+            strategy = Strategy(self.strategy).value
+            return f"target terms need beam search, not decode.strategy={strategy}"
+        if self.beam_size < 2:
+            return "target terms need decode.beam_size >= 2 (with one, the terms would come first)"
+        return None
 
     def _validate_sampling(self) -> None:
         _require(
@@ -910,6 +951,9 @@ class SearchJob(RunJob):
     """auto (cuda when torch can use it, else mps, else cpu), cpu, cuda, cuda:N, mps."""
     decode: DecodeConfig
     """The search (tmt-serve: its defaults, which a request may change for itself)."""
+    weights: Weights = Weights.auto
+    """Which weights of a checkpoint: auto (the moving average where the run kept one,
+    trainer.ema_decay; else the weights as trained), raw (the weights as trained) or ema."""
 
     def validate(self) -> None:
         self.decode.validate()
@@ -975,6 +1019,18 @@ class TranslateJob(CheckpointSource):
     `make plot-attention` draws one of them."""
     attention_layer: int = -1
     """Which decoder layer's cross-attention (averaged over its heads); negative: from the last."""
+    alignment: str | None = None
+    """A file to write, per input line, the word alignment of its best translation: `i-j` pairs
+    (source word i, target word j, from 0, words split at spaces) separated by spaces, the form
+    fast_align and Moses write; an empty line for an empty input line (decode/alignment.py)."""
+    alignment_layer: int | None = None
+    """Which decoder layer's cross-attention aligns the words (negative: from the last); null:
+    the last layer (benchmarks/alignment.txt measures each layer)."""
+    input_prefixes: bool = False
+    """Each input line is a source, a tab, and a target prefix that its translation must begin
+    with (the search goes on from it; split at the line's last tab; a line without a tab has
+    none): autocompletion, interactive translation. The output is the whole translation, the
+    prefix included."""
 
 
 @dataclass(kw_only=True)
@@ -1008,6 +1064,22 @@ class BacktranslateJob(CheckpointSource):
             "split",
             f"must be a file name prefix (letters, digits, '_', '.', '-'), got {self.split!r}",
         )
+
+
+@dataclass(kw_only=True)
+class ScoreJob(CheckpointSource):
+    """`tmt-score`: the model's score of each given translation (docs/commands.md#tmt-score)."""
+
+    source: str
+    """The source sentences, one a line, UTF-8, in the run's source language."""
+    target: str
+    """Their translations, line by line (as many lines as source)."""
+    output: str | None = None
+    """File to write (null: standard output), beside it first and renamed into place once every
+    pair is scored. One line a pair, four tab-separated fields: the length-normalised score that
+    beam search ranks by (decode.length_penalty's alpha), the log-probability (the sum over the
+    target's pieces and EOS), its mean per piece, and the number of pieces (EOS included). A
+    pair whose source is empty is not scored: -inf, -inf, -inf, 0."""
 
 
 @dataclass(kw_only=True)
@@ -1047,6 +1119,9 @@ class ExportJob(RunJob):
 
     checkpoint: str = "last.pt"
     """Checkpoint file name inside run_dir/checkpoints, or a path."""
+    weights: Weights = Weights.auto
+    """Which weights of the checkpoint: auto (the moving average where the run kept one,
+    trainer.ema_decay; else the weights as trained), raw or ema."""
     format: ExportFormat = ExportFormat.ctranslate2
     """ctranslate2: a CTranslate2 model that tmt-eval and tmt-translate run
     (`checkpoint=ctranslate2`); transformers: a folder that transformers' MarianMTModel and
@@ -1096,6 +1171,9 @@ class ServeJob(CheckpointSource):
     """Attention weights a request may ask for, bounded before decoding (more: HTTP 422)."""
     max_connections: int = 128
     """Connections and requests uvicorn takes at once (more: HTTP 503; its limit_concurrency)."""
+    max_glossary_pairs: int = 1_000
+    """Term pairs in a request's own glossary, each matched against each of its lines (more:
+    HTTP 422)."""
 
     def validate(self) -> None:
         """Also: a port that exists; limits above 0 (a limit of 0 would refuse every request,
@@ -1123,6 +1201,7 @@ SERVE_LIMITS = (
     "request_timeout_s",
     "max_attention_cells",
     "max_connections",
+    "max_glossary_pairs",
 )
 """The ServeJob keys that bound each request, the queue and the connections."""
 
@@ -1148,6 +1227,7 @@ def register_configs() -> None:
     store.store(name="eval_schema", node=EvalJob)
     store.store(name="translate_schema", node=TranslateJob)
     store.store(name="backtranslate_schema", node=BacktranslateJob)
+    store.store(name="score_schema", node=ScoreJob)
     store.store(name="average_schema", node=AverageJob)
     store.store(name="export_schema", node=ExportJob)
     store.store(name="serve_schema", node=ServeJob)
@@ -1167,6 +1247,7 @@ COMMAND_SCHEMAS: dict[str, type[RunJob]] = {
     "eval": EvalJob,
     "translate": TranslateJob,
     "backtranslate": BacktranslateJob,
+    "score": ScoreJob,
     "average": AverageJob,
     "export": ExportJob,
     "serve": ServeJob,

@@ -5,9 +5,12 @@ import torch
 from torch import Tensor
 
 from transformer_mt.config import ModelConfig
+from transformer_mt.data.tokenizer import Tokenizers, train_tokenizer
+from transformer_mt.data.toy import toy_pairs
 from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
 
 PAD, EOS = 0, 3
+TOY_VOCAB = 400  # the `tokenizers` fixture's pieces: the VOCAB of the tests that use it
 
 
 class EndsNearSourceLength(Transformer):
@@ -61,3 +64,13 @@ def make_random_model(
 @pytest.fixture
 def random_model():
     return make_random_model
+
+
+@pytest.fixture(scope="session")
+def tokenizers(tmp_path_factory) -> Tokenizers:
+    """One SentencePiece model of TOY_VOCAB pieces trained on toy sentences, for both sides."""
+    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
+    tokenizer = train_tokenizer(
+        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=TOY_VOCAB
+    )
+    return Tokenizers(tokenizer, tokenizer)

@@ -16,23 +16,13 @@ from transformer_mt.config import (
     SourceLengths,
     Strategy,
 )
-from transformer_mt.data.tokenizer import UNK_ID, Tokenizers, train_tokenizer
-from transformer_mt.data.toy import toy_pairs
+from transformer_mt.data.tokenizer import UNK_ID
 from transformer_mt.decode.search import Hypothesis
 from transformer_mt.decode.translator import ModelSearch, Translation, Translator
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy
 
 VOCAB, POSITIONS = 400, 24  # the position table: 23 pieces + EOS (it grows past them)
-
-
-@pytest.fixture(scope="module")
-def tokenizers(tmp_path_factory) -> Tokenizers:
-    sentences = [s for pair in toy_pairs(500, seed=3) for s in pair]
-    tokenizer = train_tokenizer(
-        sentences, tmp_path_factory.mktemp("spm") / "spm.model", vocab_size=VOCAB
-    )
-    return Tokenizers(tokenizer, tokenizer)
 
 
 @pytest.fixture
@@ -191,7 +181,7 @@ def test_a_line_break_spelled_in_byte_pieces_does_not_break_the_output_line(make
         translator.tokenizers.tgt.processor.piece_to_id(f"<0x{b:02X}>") for b in (10, 29)
     ]
     dog = translator.tokenizers.tgt.encode(["dog"])[0]
-    translator.translate_ids = lambda ids, decode=None: [
+    translator.translate_ids = lambda ids, decode=None, terms=None: [
         [*dog, byte_pieces[0], *dog, byte_pieces[1]] for _ in ids
     ]
     (output,) = translator.translate(["the dog."])  # the model "wrote" a newline and a U+001D

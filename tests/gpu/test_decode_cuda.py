@@ -15,13 +15,15 @@ from toy_runs import learned_toy_run, split_bleu
 from transformer_mt.config import DecodeConfig, ModelConfig, Precision
 from transformer_mt.data.batching import pad_sequences
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer_mt.decode.constraints import Terms
 from transformer_mt.decode.loading import load_translator
-from transformer_mt.decode.search import beam_search, fixed_shape_beam_search
+from transformer_mt.decode.search import NO_TOKEN, beam_search, fixed_shape_beam_search
 from transformer_mt.execution import ExecutionPolicy
 from transformer_mt.model import DecoderCache, EncoderOutput, Transformer
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)
+CPU = torch.device("cpu")
 
 
 def random_model(cfg: ModelConfig, vocab: int, seed: int) -> Transformer:
@@ -147,6 +149,47 @@ def test_the_fixed_shape_search_on_the_device_finds_what_it_finds_on_the_cpu(dev
         assert found[0].score == pytest.approx(cpu[0].score, abs=1e-3)
         assert len(found) == len(cpu)
     assert all(hyps and len(hyps[0].tokens) <= 22 for hyps in by_policy)  # 12 + 10 at most
+
+
+def test_terms_and_prefixes_on_the_device_as_on_the_cpu(device):
+    """Target terms (decode/constraints.py) and prefixes in the fixed-shape search on the device
+    under its decoding policy: every hypothesis holds its terms and begins with its prefix, and
+    in float32 the best scores are the CPU's shrinking search's. Rehearsed on the CPU."""
+    cfg = ModelConfig(
+        name="t", d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2, n_decoder_layers=2,
+        dropout=0.0, max_positions=64,
+    )  # fmt: skip
+    model = random_model(cfg, vocab=60, seed=7)
+    with torch.no_grad():
+        model.embed.weight.mul_(4.0)
+    src = random_sources([3, 12, 7, 9, 5, 11, 4, 8], 60, seed=8)
+    wanted = [[[10, 11]], [], [[12], [13, 14]], [[15]], [], [[16, 17, 18]], [[19]], []]
+    prefixes = [[20], [], [21, 22], [], [23], [], [], [24]]
+    prefix = pad_sequences([np.asarray(p, dtype=np.int64) for p in prefixes], NO_TOKEN)
+    search = {"beam_size": 4, "bos_id": BOS_ID, "eos_id": EOS_ID, "unk_id": UNK_ID}
+    search |= {"alpha": 0.6, "max_len_a": 1.0, "max_len_b": 10}
+    on_cpu = beam_search(model, src, terms=Terms.of_ids(wanted, CPU), prefix=prefix, **search)
+    model = model.to(device)
+    terms = Terms.of_ids(wanted, device)
+    on_device = fixed_shape_beam_search(
+        model, src.to(device), terms=terms, prefix=prefix.to(device), **search
+    )
+    policy = ExecutionPolicy.for_decoding(DecodeConfig(), device)
+    with policy.forward():
+        by_policy = fixed_shape_beam_search(
+            model, src.to(device), terms=terms, prefix=prefix.to(device), **search
+        )
+    for cpu, found, decided, sentence_terms, begin in zip(
+        on_cpu, on_device, by_policy, wanted, prefixes, strict=True
+    ):
+        assert len(found) == len(cpu) and (
+            not cpu or found[0].score == pytest.approx(cpu[0].score, abs=1e-3)
+        )
+        for hypothesis in [*found, *decided]:
+            assert hypothesis.tokens[: len(begin)] == begin
+            for term in sentence_terms:
+                tokens = hypothesis.tokens
+                assert any(tokens[i : i + len(term)] == term for i in range(len(tokens)))
 
 
 def record_logits_and_tf32(model) -> set[tuple[torch.dtype, bool]]:

@@ -107,6 +107,7 @@ def test_two_ranks_under_torchrun_or_submitit_equal_one_process_accumulating_the
     # every update (g2 and g3 also depend on the updates before them). Tolerance: 1e-4 of each
     # tensor's largest value, two to three orders of magnitude above the rounding.
     sgd = [*same_batches, "trainer.max_steps=3", "optim.eps=1000", "optim.lr_scale=1000"]
+    sgd.append("trainer.ema_decay=0.5")  # a moving average of the weights, the same on each rank
     one = torch.load(
         train(compose_job("train", [*sgd, f"run_dir={tmp_path / 'one'}"])), weights_only=True
     )
@@ -125,6 +126,12 @@ def test_two_ranks_under_torchrun_or_submitit_equal_one_process_accumulating_the
         worst = max(worst, difference / scale)
     print(f"largest difference: {worst:.3g} of a tensor's largest value")
     assert len(two["rng_cpu"]) == 2
+    first, second = two["ema_rank_digests"]  # each rank's digest of its own average
+    assert torch.equal(first, second) and two["ema_updates"] == 3
+    for name, tensor in one["ema_model"].items():
+        if tensor.is_floating_point():
+            difference, scale = largest_difference(two["ema_model"][name], tensor)
+            assert difference <= 1e-4 * max(scale, 1e-12), name
     # The same two ranks as the tasks of one job of Hydra's submitit_local launcher: one
     # training, in one run folder written by rank 0 alone, equal to torchrun's.
     submitit_local(2, [*sgd, f"run_dir={tmp_path / 'job'}"])

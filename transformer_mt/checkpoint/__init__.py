@@ -27,6 +27,7 @@ from transformer_mt.checkpoint.record import (
 )
 from transformer_mt.checkpoint.training_state import (
     DataPosition,
+    MovingAverage,
     Progress,
     RngStates,
     TrainingState,
@@ -43,6 +44,7 @@ __all__ = [
     "CheckpointRecord",
     "DataPosition",
     "Mismatch",
+    "MovingAverage",
     "Progress",
     "Purpose",
     "RngStates",

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from torch import Tensor
 
 from transformer_mt.checkpoint.training_state import Progress, TrainingState, model_weights
-from transformer_mt.config import ModelConfig, config_dict
+from transformer_mt.config import ModelConfig, Weights, config_dict
 from transformer_mt.data.tokenizer import PAD_ID, Tokenizers
 from transformer_mt.errors import CheckpointError
 from transformer_mt.model import Transformer
@@ -297,12 +297,17 @@ def pieces(record: CheckpointRecord) -> str:
 
 
 def model_from_checkpoint(
-    state: dict, path: Path, tokenizers: Tokenizers, home: Tokenizers | None = None
+    state: dict,
+    path: Path,
+    tokenizers: Tokenizers,
+    home: Tokenizers | None = None,
+    weights: Weights = Weights.auto,
 ) -> Transformer:
-    """The checkpoint's model, checked against the run folder's tokenizers (`decoded_record`)."""
+    """The checkpoint's model, checked against the run folder's tokenizers (`decoded_record`),
+    with its `weights` (training_state.model_weights)."""
     model = decoded_record(state, path, tokenizers, home).build_model()
     try:
-        model.load_state_dict(model_weights(state))
+        model.load_state_dict(model_weights(state, weights))
     except RuntimeError as error:
         raise CheckpointError(
             f"{path}: weights do not fit the recorded model configuration ({error})"

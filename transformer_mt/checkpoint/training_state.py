@@ -16,6 +16,7 @@ from pathlib import Path
 
 from torch import Tensor
 
+from transformer_mt.config import Weights
 from transformer_mt.errors import CheckpointError
 
 
@@ -98,6 +99,21 @@ class RngStates:
         return {"cuda": self.cuda, "mps": self.mps}.get(kind, [])
 
 
+EMA_WEIGHTS, EMA_UPDATES, EMA_DIGESTS = "ema_model", "ema_updates", "ema_rank_digests"
+"""The keys of the moving average of the weights (trainer.ema_decay) in a checkpoint."""
+
+
+@dataclass(frozen=True)
+class MovingAverage:
+    """The exponential moving average of a run's weights: the model-shaped tensors and how many
+    updates it has averaged (its decay's warm-up reads it); rank_digests: each rank's digest of
+    its own average when saved (train/moving_average.digest), equal on every rank."""
+
+    weights: dict[str, Tensor]
+    updates: int
+    rank_digests: list[Tensor] = field(default_factory=list)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainingState:
     """The tensors and state dicts a run continues from (the record, checkpoint/record.py, says
@@ -109,10 +125,12 @@ class TrainingState:
     scaler: dict
     """Empty where the gradient scaler is off (bf16, fp32)."""
     rng: RngStates
+    ema: MovingAverage | None = None
+    """The moving average of the weights, where the run keeps one (trainer.ema_decay)."""
 
     def as_state(self) -> dict:
         """This state's entries of a checkpoint's dict (plain values and tensors)."""
-        return {
+        state = {
             "model": self.model,
             "optimizer": self.optimizer,
             "scheduler": self.scheduler,
@@ -121,6 +139,13 @@ class TrainingState:
             "rng_cuda": self.rng.cuda,
             "rng_mps": self.rng.mps,
         }
+        if self.ema is not None:
+            state |= {
+                EMA_WEIGHTS: self.ema.weights,
+                EMA_UPDATES: self.ema.updates,
+                EMA_DIGESTS: self.ema.rank_digests,
+            }
+        return state
 
     @classmethod
     def read(cls, state: dict, path: Path) -> TrainingState:
@@ -141,9 +166,25 @@ class TrainingState:
                 cuda=state.get("rng_cuda", []),
                 mps=state.get("rng_mps", []),
             ),
+            ema=MovingAverage(state[EMA_WEIGHTS], state[EMA_UPDATES], state.get(EMA_DIGESTS, []))
+            if EMA_WEIGHTS in state
+            else None,
         )
 
 
-def model_weights(state: dict) -> dict[str, Tensor]:
-    """The model's tensors of a loaded checkpoint (every checkpoint has them: format.py)."""
-    return state["model"]
+def model_weights(state: dict, weights: Weights = Weights.auto) -> dict[str, Tensor]:
+    """The model's tensors of a loaded checkpoint (every checkpoint has them: format.py): the
+    moving average where it has one (trainer.ema_decay) for auto, else the weights as trained;
+    CheckpointError for `ema` where it has none."""
+    if weights == Weights.raw or (weights == Weights.auto and EMA_WEIGHTS not in state):
+        return state["model"]
+    if EMA_WEIGHTS not in state:
+        raise CheckpointError(
+            "config key 'weights': ema, but the checkpoint has no moving average of its weights "
+            "(its run had trainer.ema_decay=0): give auto or raw"
+        )
+    return state[EMA_WEIGHTS]
+
+
+def has_moving_average(state: dict) -> bool:
+    return EMA_WEIGHTS in state

@@ -38,7 +38,7 @@ def average(job: AverageJob) -> tuple[list[Path], Path]:
         paths, state = best_average_on_valid(job, run)
     else:
         paths = run.checkpoints.newest_steps(job.last)
-        state = average_checkpoints(paths)
+        state = average_checkpoints(paths, weights=job.weights)
         # what eval and translate will check: refused now, before a file no run can use is written
         decoded_record(state, paths[-1], run.tokenizers())
     save_checkpoint(state, output)
@@ -84,7 +84,8 @@ def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dic
     searched = {}  # the settings as the searches ran them (Translator.settings_record)
 
     def translate(n: int) -> list[str]:
-        model = model_from_checkpoint(average_checkpoints(newest[-n:]), newest[-1], tokenizers)
+        averaged = average_checkpoints(newest[-n:], weights=job.weights)
+        model = model_from_checkpoint(averaged, newest[-1], tokenizers)
         translator = Translator.for_model(
             model, tokenizers, job.decode, device, unicode_form=unicode_form
         )
@@ -95,4 +96,4 @@ def best_average_on_valid(job: AverageJob, run: RunDir) -> tuple[list[Path], dic
     chosen = newest[-choice.chosen :]
     # Again: one candidate in memory at a time.
     recorded = {**choice.to_json(), "decode": searched}
-    return chosen, average_checkpoints(chosen, chosen_on_valid=recorded)
+    return chosen, average_checkpoints(chosen, chosen_on_valid=recorded, weights=job.weights)

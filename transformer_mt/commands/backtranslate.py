@@ -18,14 +18,12 @@ import itertools
 import json
 import logging
 import shutil
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tqdm import tqdm
-
+from transformer_mt.commands.progress import Progress
 from transformer_mt.config import BacktranslateJob, DataConfig, config_dict
+from transformer_mt.data.sources import count_lines
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import ConfigError, DataError
@@ -56,7 +54,9 @@ def backtranslate(job: BacktranslateJob) -> Path:
     if done:
         log.info("%s is complete already (%d lines): nothing to do", output, lines)
         return output
-    translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
+    translator = load_translator(
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device, weights=job.weights
+    )
     wanted["checkpoint"] = translator.origin
     wanted["decode"] = translator.settings_record(job.decode)  # the precision that runs
     check_output(output, wanted)  # the chunks done are of this checkpoint and precision
@@ -94,11 +94,6 @@ def input_language(job: BacktranslateJob, data: DataConfig) -> str:
             "has no such suffix)"
         )
     return language
-
-
-def count_lines(path: Path) -> int:
-    with open(path, "rb") as handle:
-        return sum(1 for _ in handle)
 
 
 def corpus_record(
@@ -162,7 +157,7 @@ def translate_chunks(
     done = sum(chunk_path(chunks, number).is_file() for number in range(total))
     if done:
         log.info("continuing: %d of %d chunks of %d lines are done", done, total, job.chunk_lines)
-    progress = Progress(lines)
+    progress = Progress(lines, "back-translating", "back-translated", "sentences")
     for number, chunk in enumerate(read_chunks(source, job.chunk_lines)):
         path = chunk_path(chunks, number)
         if path.is_file():
@@ -172,57 +167,8 @@ def translate_chunks(
         texts = translator.translate(chunk)
         with replacing(path) as temporary:
             temporary.write_text("".join(text + "\n" for text in texts), encoding="utf-8")
-        progress.translated(len(chunk))
+        progress.advanced(len(chunk))
     progress.close()
-
-
-class Progress:
-    """Sentences back-translated: tqdm's bar on a terminal (rate, time left), a log line at
-    most every LOG_SECONDS elsewhere (a cluster job's log file)."""
-
-    LOG_SECONDS = 60.0
-
-    def __init__(self, lines: int):
-        self.lines, self.done, self.new = lines, 0, 0
-        self.started = self.logged = time.perf_counter()
-        self.bar = tqdm(
-            total=lines,
-            unit="sent",
-            desc="back-translating",
-            dynamic_ncols=True,
-            disable=not sys.stderr.isatty(),
-        )
-
-    def skipped(self, count: int) -> None:
-        self.done += count
-        self.bar.update(count)
-
-    def translated(self, count: int) -> None:
-        self.done, self.new = self.done + count, self.new + count
-        self.bar.update(count)
-        now = time.perf_counter()
-        if self.bar.disable and now - self.logged >= self.LOG_SECONDS:
-            self.logged = now
-            rate = self.new / (now - self.started)
-            left = (self.lines - self.done) / rate / 60
-            log.info(
-                "back-translated %d of %d sentences (%.1f sentences/s, %.1f min left)",
-                self.done,
-                self.lines,
-                rate,
-                left,
-            )
-
-    def close(self) -> None:
-        self.bar.close()
-        seconds = time.perf_counter() - self.started
-        if self.new:
-            log.info(
-                "translated %d sentences in %.1f s (%.1f sentences/s)",
-                self.new,
-                seconds,
-                self.new / seconds,
-            )
 
 
 def read_chunks(source: Path, size: int) -> Iterator[list[str]]:

@@ -44,6 +44,7 @@ class EvalReport:
         None  # decode.length_penalty=auto: how alpha was chosen
     )
     language_pair: str | None = None  # "de-en", of a model trained into several languages
+    unmet_terms: int = 0  # decode.glossary: lines translated without their terms (none met them)
     hypotheses: list[str] = dataclasses.field(default_factory=list, repr=False)
 
     def to_json(self) -> dict:
@@ -53,6 +54,8 @@ class EvalReport:
         record.update({name: getattr(self, name) for name in fields})
         if self.language_pair is not None:
             record["language_pair"] = self.language_pair
+        if self.decode.get("glossary") is not None:
+            record["unmet_terms"] = self.unmet_terms
         if self.length_penalty_auto is not None:
             record["length_penalty_auto"] = self.length_penalty_auto.to_json()
         return record
@@ -69,6 +72,12 @@ class EvalReport:
                 f"length penalty {chosen.chosen} (auto: the best valid BLEU, "
                 f"{chosen.valid_bleu[str(chosen.chosen)]:.2f}, of the {len(chosen.grid)} tried "
                 f"on {chosen.valid_sentences} valid sentences)"
+            )
+        if self.decode.get("glossary") is not None:
+            lines.append(
+                f"glossary {self.decode['glossary']}: {self.unmet_terms} of {self.sentences} "
+                "sentences translated without their terms (none of their hypotheses met them "
+                "within the length limit)"
             )
         return "\n".join(
             lines
@@ -111,7 +120,9 @@ def evaluate_pairs(job: EvalJob) -> list[EvalReport]:
     for name in names.values():
         for written in (run.hypotheses_file(name), run.scores_file(name)):
             check_writable(written, "tmt-eval")  # before the decoding
-    translator = load_translator(run.path, job.checkpoint, decode=decode, device=job.device)
+    translator = load_translator(
+        run.path, job.checkpoint, decode=decode, device=job.device, weights=job.weights
+    )
     reports = []
     for pair, pair_cfg in pairs.items():
         into = dataclasses.replace(decode, tgt_lang=pair_cfg.tgt_lang) if several else decode
@@ -140,8 +151,9 @@ def evaluate_pair(
     read = list(read_pairs(data_cfg, job.split))
     sources, references = [src for src, _ in read], [tgt for _, tgt in read]
     started = time.perf_counter()
-    hypotheses = translator.translate(sources, decode=decode)
+    best = [nbest[0] for nbest in translator.translate_nbest(sources, decode=decode)]
     seconds = time.perf_counter() - started
+    hypotheses = [translation.text for translation in best]
     return EvalReport(
         split=job.split,
         sentences=len(sources),
@@ -153,6 +165,7 @@ def evaluate_pair(
         tokenized=tokenized_bleu_scores(hypotheses, references, lang=data_cfg.tgt_lang),
         length_penalty_auto=choice,
         language_pair=pair,
+        unmet_terms=sum(translation.unmet_terms for translation in best),
         hypotheses=hypotheses,
     )
 

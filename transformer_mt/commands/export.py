@@ -32,7 +32,7 @@ def export(job: ExportJob) -> Path:
     output = run.checkpoint(job.output)
     check_replaceable(output, marker=EXPORT_INFO, what=EXPORTED)  # before any work
     check_writable(output, "config key 'output'")
-    loaded = load_run_checkpoint(run, job.checkpoint)
+    loaded = load_run_checkpoint(run, job.checkpoint, weights=job.weights)
     if job.format == ExportFormat.transformers:
         card = model_card(run, loaded)
         return transformers_export.export_model(loaded.model, loaded.tokenizers, output, card=card)
@@ -45,6 +45,7 @@ def export(job: ExportJob) -> Path:
         provenance={
             "checkpoint": str(loaded.path),
             "step": loaded.step,
+            "weights": "moving average" if loaded.moving_average else "as trained",
             # what a translation into each language puts first (decode.tgt_lang)
             "tgt_lang": loaded.data.tgt_lang,
             "language_tags": loaded.data.language_tags,

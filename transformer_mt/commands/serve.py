@@ -35,7 +35,7 @@ def serve(job: ServeJob) -> None:
         ) from error
     loopback = check_address(job.host, job.port)  # before the model loads, too
     translator = load_translator(  # the one Translator of the server's lifetime
-        job.run_dir, job.checkpoint, decode=job.decode, device=job.device
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device, weights=job.weights
     )
     log.info("serving %s on http://%s:%d/", job.run_dir, job.host, job.port)
     log.log(logging.INFO if loopback else logging.WARNING, SLOW_CLIENTS, job.max_connections)

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from transformer_mt.config import TranslateJob
+from transformer_mt.decode.alignment import pharaoh
 from transformer_mt.decode.loading import load_translator
 from transformer_mt.decode.translator import Translator
 from transformer_mt.errors import ConfigError, Stopped, TransformerMTError
@@ -41,15 +42,22 @@ log = logging.getLogger(__name__)
 
 CHUNK_LINES = 10_000
 ATTENTION_CHUNK_LINES = 100
-"""With attention=FILE, a chunk's attention maps are held until written: (T+1) x (S+1) floats a
-line, about 40k for 200-piece sentences, so chunks are kept small."""
+"""With attention=FILE or alignment=FILE, a chunk's attention maps are held until written (or
+turned into alignments): (T+1) x (S+1) floats a line, about 40k for 200-piece sentences, so
+chunks are kept small."""
 
 
 def translate(job: TranslateJob) -> None:
     job.validate()  # before the model loads
-    check_distinct_files(job)  # before anything is opened for writing
-    check_output_folders(job)
-    translator = load_translator(job.run_dir, job.checkpoint, decode=job.decode, device=job.device)
+    outputs = {"output": job.output, "attention": job.attention, "alignment": job.alignment}
+    check_distinct_files({"input": job.input, **outputs}, reads_stdin=job.input is None)
+    check_output_folders(outputs)  # before anything is written
+    translator = load_translator(
+        job.run_dir, job.checkpoint, decode=job.decode, device=job.device, weights=job.weights
+    )
+    alignment_layer = None
+    if job.alignment is not None:
+        alignment_layer = translator.alignment_layer(job.alignment_layer)
     with stopped_by_signals(), ExitStack() as files:
         if job.input is None:
             source, name = sys.stdin.buffer, "<stdin>"
@@ -60,18 +68,24 @@ def translate(job: TranslateJob) -> None:
             target = sys.stdout
         else:
             target = files.enter_context(written_when_complete(Path(job.output)))
-        attention = None
+        attention = alignment = None
         if job.attention is not None:
             attention = files.enter_context(written_when_complete(Path(job.attention)))
+        if job.alignment is not None:
+            alignment = files.enter_context(written_when_complete(Path(job.alignment)))
         interactive = job.input is None and sys.stdin.isatty()
+        maps = attention is not None or alignment is not None
         translate_stream(
             translator,
             source,
             name,
             target,
-            1 if interactive else CHUNK_LINES if attention is None else ATTENTION_CHUNK_LINES,
+            1 if interactive else ATTENTION_CHUNK_LINES if maps else CHUNK_LINES,
             attention=attention,
             attention_layer=job.attention_layer,
+            alignment=alignment,
+            alignment_layer=alignment_layer,
+            input_prefixes=job.input_prefixes,
         )
 
 
@@ -84,16 +98,36 @@ def translate_stream(
     *,
     attention: TextIO | None = None,
     attention_layer: int = -1,
+    alignment: TextIO | None = None,
+    alignment_layer: int | None = None,
+    input_prefixes: bool = False,
 ) -> None:
     """Translations of `source`'s lines, one per line, flushed after every `chunk_lines` lines,
     with the translator's decode settings. With decode.nbest > 1, n-best lists in the format
     Moses' and Marian's rerankers read: 'line number (from 0) ||| translation ||| F0= score |||
     score', best first. With an `attention` file, a JSON line per input line (see
-    TranslateJob.attention)."""
+    TranslateJob.attention); with an `alignment` file, a line of `i-j` pairs per input line
+    (TranslateJob.alignment), from decoder layer `alignment_layer` (Translator.alignment_layer).
+    input_prefixes: each line is 'source<TAB>target prefix' (`source_and_prefix`)."""
     number = 0
     layer = None if attention is None else attention_layer
+    aligned = None if alignment is None else alignment_layer
     for lines in line_batches(source, name, chunk_lines):
-        for nbest in translator.translate_nbest(lines, attention=layer):
+        prefixes = None
+        if input_prefixes:
+            pairs = [source_and_prefix(line) for line in lines]
+            lines, prefixes = [s for s, _ in pairs], [p for _, p in pairs]
+        found = translator.translate_nbest(
+            lines, attention=layer, alignment=aligned, prefixes=prefixes
+        )
+        for nbest in found:
+            if nbest[0].unmet_terms:
+                log.warning(
+                    "%s:%d: translated without its target terms: no hypothesis met them all "
+                    "within the length limit",
+                    name,
+                    number + 1,
+                )
             if translator.decode.nbest > 1:
                 for entry in nbest:
                     score = f"{entry.score:.4f}"
@@ -105,10 +139,19 @@ def translate_stream(
                 if nbest[0].attention is not None:
                     record = {"line": number, **dataclasses.asdict(nbest[0].attention)}
                 attention.write(json.dumps(record, ensure_ascii=False) + "\n")
+            if alignment is not None:
+                alignment.write(pharaoh(nbest[0].alignment or []) + "\n")
             number += 1
-        target.flush()
-        if attention is not None:
-            attention.flush()
+        for written in (target, attention, alignment):
+            if written is not None:
+                written.flush()
+
+
+def source_and_prefix(line: str) -> tuple[str, str]:
+    """A line of input_prefixes=true: (source, target prefix), split at its last tab; a line
+    without a tab is a source without a prefix."""
+    source, tab, prefix = line.rpartition("\t")
+    return (source, prefix) if tab else (line, "")
 
 
 @contextmanager
@@ -151,11 +194,11 @@ def stopped_by_signals() -> Iterator[None]:
             signal.signal(number, handler)
 
 
-def check_distinct_files(job: TranslateJob) -> None:
-    """ConfigError when two of input, output and attention name one file (also through links),
-    or when an output is the file standard input reads (`output=in.txt < in.txt`): opening an
-    output truncates it, which would destroy the input before it is read."""
-    files = {"input": job.input, "output": job.output, "attention": job.attention}
+def check_distinct_files(files: dict[str, str | None], *, reads_stdin: bool) -> None:
+    """ConfigError when two of `files` (by config key; inputs first, None: not given) name one
+    file (also through links), or, where the command reads standard input, when one is the file
+    standard input reads (`output=in.txt < in.txt`): opening an output truncates it, which would
+    destroy the input before it is read."""
     named = [(key, path) for key, path in files.items() if path is not None]
     for index, (key, path) in enumerate(named):
         for earlier_key, earlier in named[:index]:
@@ -164,18 +207,19 @@ def check_distinct_files(job: TranslateJob) -> None:
                     f"config key '{key}': {key}={path} is the same file as {earlier_key}="
                     f"{earlier}: writing it would destroy {earlier_key} first; name another file"
                 )
-        if job.input is None and is_standard_input(Path(path)):
+        if reads_stdin and is_standard_input(Path(path)):
             raise ConfigError(
                 f"config key '{key}': {path} is the file standard input reads: writing it "
                 "would destroy the input first; name another file"
             )
 
 
-def check_output_folders(job: TranslateJob) -> None:
-    """ConfigError or files.NotWritable, naming the key, unless output= and attention= can be
-    written (a folder that exists and takes new files: files.check_writable), before the model
-    loads; a target that is not a regular file (/dev/stdout, a pipe) is written as it is."""
-    for key, name in (("output", job.output), ("attention", job.attention)):
+def check_output_folders(outputs: dict[str, str | None]) -> None:
+    """ConfigError or files.NotWritable, naming the key, unless each of `outputs` (by config
+    key; None: not given) can be written (a folder that exists and takes new files:
+    files.check_writable), before the model loads; a target that is not a regular file
+    (/dev/stdout, a pipe) is written as it is."""
+    for key, name in outputs.items():
         if name is None or (Path(name).exists() and not Path(name).is_file()):
             continue
         folder = written_path(Path(name)).parent

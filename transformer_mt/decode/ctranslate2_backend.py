@@ -124,10 +124,22 @@ class CTranslate2Search:
         """Nothing to do: CTranslate2 models do not sample here (`strategies`)."""
 
     def search(
-        self, sources: list[list[int]], decode: DecodeConfig, policy: object = None
+        self,
+        sources: list[list[int]],
+        decode: DecodeConfig,
+        policy: object = None,
+        prefixes: list[list[int]] | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
         """N-best lists for one batch; `policy`, our model's execution policy, is not
-        CTranslate2's (its kernels and compute_type are its own)."""
+        CTranslate2's (its kernels and compute_type are its own). Target prefixes and terms are
+        refused: CTranslate2 scores prefixes otherwise than ours (a prefixed output scores as
+        the same output found unprefixed) and has no constrained search."""
+        for what, given in (("target prefixes", prefixes), ("target terms (a glossary)", terms)):
+            if given is not None and any(given):
+                raise ConfigError(
+                    f"{what} need a transformer_mt checkpoint, not a CTranslate2 model"
+                )
         beam = decode.strategy == Strategy.beam
         lengths = torch.tensor([len(s) for s in sources])
         # Output limits in pieces, EOS included, computed as search.max_lengths computes them.

@@ -16,7 +16,8 @@ import torch
 
 from transformer_mt.checkpoint import CheckpointRecord, load_checkpoint, model_from_checkpoint
 from transformer_mt.checkpoint.folder import LAST
-from transformer_mt.config import CpuLinear, DataConfig, DecodeConfig
+from transformer_mt.checkpoint.training_state import has_moving_average
+from transformer_mt.config import CpuLinear, DataConfig, DecodeConfig, Weights
 from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.data.tokenizer import Tokenizers, load_tokenizers
 from transformer_mt.decode.ctranslate2_backend import CTranslate2Search, import_ctranslate2
@@ -44,24 +45,35 @@ class LoadedCheckpoint:
     model: Transformer
     tokenizers: Tokenizers
     data: DataConfig  # the run's (config.yaml): data.unicode_form, and the export's model card
+    moving_average: bool = False  # the model holds the moving average of the run's weights
 
     @property
     def step(self) -> int:
         return self.record.step
 
+    def describe(self) -> str:
+        """'runs/x/checkpoints/last.pt (update 800, the moving average of its weights)'."""
+        average = ", the moving average of its weights" if self.moving_average else ""
+        return f"{self.path} (update {self.step}{average})"
+
 
 def load_run_checkpoint(
-    run: RunDir, checkpoint: str, home: Tokenizers | None = None
+    run: RunDir,
+    checkpoint: str,
+    home: Tokenizers | None = None,
+    weights: Weights = Weights.auto,
 ) -> LoadedCheckpoint:
     """The checkpoint `checkpoint` of the run (a name in checkpoints/, or a path), loaded and
     checked against the run's tokenizers (home: those of another run folder it lies in,
-    model_from_checkpoint says why)."""
+    model_from_checkpoint says why), with its `weights` (the moving average, for auto, where
+    the run kept one)."""
     path = run.checkpoint(checkpoint)
     state = load_checkpoint(path)
     tokenizers = run.tokenizers()
-    model = model_from_checkpoint(state, path, tokenizers, home)
+    model = model_from_checkpoint(state, path, tokenizers, home, weights)
     record = CheckpointRecord.read(state, path)
-    return LoadedCheckpoint(path, record, model, tokenizers, run.data_config())
+    averaged = weights != Weights.raw and has_moving_average(state)
+    return LoadedCheckpoint(path, record, model, tokenizers, run.data_config(), averaged)
 
 
 def load_translator(
@@ -71,8 +83,10 @@ def load_translator(
     decode: DecodeConfig | None = None,
     device: str = "auto",
     keep_freed_memory: bool = True,
+    weights: Weights = Weights.auto,
 ) -> Translator:
-    """A Translator whose default decode settings are `decode` (None: DecodeConfig's). A
+    """A Translator whose default decode settings are `decode` (None: DecodeConfig's), with each
+    checkpoint's `weights` (auto: the moving average where the run kept one). A
     `checkpoint` that names a folder written by tmt-export is run by CTranslate2. A list of
     checkpoints translates as their Ensemble (one: that checkpoint alone); a checkpoint inside
     another run's checkpoints/ must come with the same tokenizer files as run_dir's. origin:
@@ -91,9 +105,9 @@ def load_translator(
         return translator_from_export(
             folder, decode=decode, device=device, keep_freed_memory=keep_freed_memory
         )
-    members = [load_member(run, name) for name in names]
+    members = [load_member(run, name, weights) for name in names]
     for member in members:
-        log.info("translating with %s (update %d)", member.path, member.step)
+        log.info("translating with %s", member.describe())
     paths, steps = [str(m.path.resolve()) for m in members], [m.step for m in members]
     one = len(members) == 1
     target = resolve_device(device)
@@ -120,7 +134,7 @@ def checkpoint_names(checkpoint: str | list[str]) -> list[str]:
     return names
 
 
-def load_member(run: RunDir, name: str) -> LoadedCheckpoint:
+def load_member(run: RunDir, name: str, weights: Weights = Weights.auto) -> LoadedCheckpoint:
     """Checkpoint `name`, with run's tokenizers; refused (one line naming both files) if it lies
     in another run folder whose tokenizer files differ from run's (an export cannot join an
     ensemble)."""
@@ -132,8 +146,8 @@ def load_member(run: RunDir, name: str) -> LoadedCheckpoint:
     home = RunDir(path.parent.parent)
     foreign = home.path.resolve() != run.path.resolve()
     if foreign and path.parent.name == "checkpoints" and home.has_tokenizer():
-        return load_run_checkpoint(run, name, home=home.tokenizers())
-    return load_run_checkpoint(run, name)
+        return load_run_checkpoint(run, name, home=home.tokenizers(), weights=weights)
+    return load_run_checkpoint(run, name, weights=weights)
 
 
 def translator_from_export(

@@ -52,6 +52,7 @@ def sample_search(
     max_len_b: int = 50,
     min_len: int = 0,
     src_padded: bool = True,
+    prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """One sampled translation per sentence, until EOS or the length limit; an Ensemble samples
     from the mean of its members' probabilities."""
@@ -71,4 +72,5 @@ def sample_search(
         max_len_b=max_len_b,
         min_len=min_len,
         src_padded=src_padded,
+        prefix=prefix,
     )

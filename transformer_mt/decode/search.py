@@ -52,6 +52,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_mt.decode.constraints import (
+    ConstraintState,
+    Terms,
+    advanced_state,
+    round_robin_order,
+    term_candidates,
+)
 from transformer_mt.execution import score_dtype
 from transformer_mt.model import (
     DecoderCache,
@@ -61,11 +68,16 @@ from transformer_mt.model import (
     Transformer,
 )
 
+NO_TOKEN = -1
+"""A place that holds no token: in the tokens so far (BeamState.prefixes, Finished.tokens) one
+not written yet; in a target prefix (the searches' `prefix`) one past the prefix's end."""
+
 
 @dataclass(frozen=True)
 class Hypothesis:
     tokens: list[int]  # without BOS and EOS
     score: float  # beam search: length-penalised sum of log-probabilities; else the plain sum
+    unmet_terms: bool = False  # searched without its target terms, which no hypothesis met
 
 
 def length_penalty(length: int, alpha: float) -> float:
@@ -73,11 +85,25 @@ def length_penalty(length: int, alpha: float) -> float:
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_lengths(src_keep: Tensor, max_len_a: float, max_len_b: int) -> Tensor:
+def max_lengths(
+    src_keep: Tensor, max_len_a: float, max_len_b: int, prefix: Tensor | None = None
+) -> Tensor:
     """Output limit per sentence, EOS included: a * source length + b (the model's positions
-    have no limit of their own)."""
+    have no limit of their own), and at least a target prefix's length + 1 (`prefix`: (B, P)
+    token ids, NO_TOKEN past each one's end), so that every prefix is written whole."""
     source_lengths = src_keep.sum(dim=1) - 1  # sources end with EOS, which is not counted
-    return (max_len_a * source_lengths + max_len_b).long()  # (B,)
+    limits = (max_len_a * source_lengths + max_len_b).long()  # (B,)
+    if prefix is None:
+        return limits
+    return torch.maximum(limits, (prefix != NO_TOKEN).sum(dim=1) + 1)
+
+
+def forced_tokens(prefix: Tensor | None, step: int, rows: int) -> Tensor | None:
+    """The token each row must take at `step` (N = sentences x `rows`: each sentence's rows
+    together), NO_TOKEN where its prefix has ended; None when no prefix reaches `step`."""
+    if prefix is None or step >= prefix.shape[1]:
+        return None
+    return prefix[:, step].repeat_interleave(rows)
 
 
 class Ensemble:
@@ -179,6 +205,28 @@ def combined_log_probs(logits: list[Tensor]) -> Tensor:
     return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(len(log_probs))
 
 
+@torch.no_grad()
+def teacher_forced_log_probs(
+    model: Transformer | Ensemble, src: Tensor, targets: Tensor, *, bos_id: int, src_padded: bool
+) -> Tensor:
+    """The log-probability (B, T) of each token of `targets` (B, T: a target's ids, then EOS,
+    then PAD) after BOS and the target's tokens before it, for sources src (B, S): the members'
+    teacher-forced logits combined as every search combines them at a step (`combined_log_probs`
+    of float32 logits; tokens a search bans are not renormalised away there either), 0 at PAD.
+    Summed over a target, it is the log-probability that a search scores that output with, up
+    to float rounding (a search computes a step at a time, in batches of other shapes)."""
+    ensemble = as_ensemble(model)
+    pad_id = ensemble.pad_id
+    bos = torch.full_like(targets[:, :1], bos_id)
+    tgt_in = torch.cat([bos, targets[:, :-1]], dim=1)  # PAD after EOS: later positions only
+    logits = [
+        member.decode(tgt_in, member.encode(src, padded=src_padded)).float()
+        for member in ensemble.models
+    ]
+    picked = combined_log_probs(logits).gather(2, targets.unsqueeze(2)).squeeze(2)
+    return picked.masked_fill(targets == pad_id, 0.0)
+
+
 def host_values(*tensors: Tensor) -> list[list[float]]:
     """Each tensor's values, flattened, as a list of Python floats: all of them in one copy from
     the device (one `.tolist()`). Through float32 (MPS has no float64): float32 values come back
@@ -198,13 +246,16 @@ def next_token_log_probs(
     bos_id: int,
     eos_id: int,
     unk_id: int | None = None,
+    forced: Tensor | None = None,
 ) -> Tensor:
     """Log-probabilities (N, V) of the token after `last` (N, 1), the `step`-th generated one,
     with banned tokens at -inf (not renormalised over the tokens left).
 
     Banned: PAD, BOS and (given unk_id) the unknown piece; EOS before min_len generated tokens;
     anything but EOS in rows `at_limit` (N,). The limit wins over min_len. at_limit None: no row
-    is at its limit (the searches know it on the host).
+    is at its limit (the searches know it on the host). forced (N,): in the rows where it holds
+    a token (a target prefix's: `forced_tokens`), every other token; the forced token keeps its
+    log-probability, so that a prefixed output scores as the same output found unprefixed.
     """
     log_probs = decoders.next_log_probs(last)  # (N, V)
     eos = log_probs[:, eos_id].clone() if at_limit is not None else None
@@ -219,6 +270,11 @@ def next_token_log_probs(
     if at_limit is not None:
         log_probs.masked_fill_(at_limit[:, None], -torch.inf)
         log_probs[:, eos_id] = torch.where(at_limit, eos, log_probs[:, eos_id])
+    if forced is not None:
+        column = forced.clamp(min=0).unsqueeze(1)  # (N, 1)
+        only = torch.full_like(log_probs, -torch.inf)
+        only.scatter_(1, column, log_probs.gather(1, column))
+        log_probs = torch.where((forced == NO_TOKEN).unsqueeze(1), log_probs, only)
     return log_probs
 
 
@@ -250,12 +306,15 @@ def single_path_search(
     max_len_b: int = 50,
     min_len: int = 0,
     src_padded: bool = True,
+    prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """One hypothesis per sentence, one token per step picked by `choose` (greedy: the most
     probable; sampling: a draw); scored by the model's log-probabilities. A row leaves the batch
-    at its EOS. src_padded=False: no source is padded (Ensemble.start), in every search."""
+    at its EOS. src_padded=False: no source is padded (Ensemble.start), in every search.
+    prefix (B, P): each sentence's output begins with these tokens (NO_TOKEN past its end), in
+    every search."""
     decoders = as_ensemble(model).start(src, padded=src_padded)
-    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b)  # (N,)
+    limits = max_lengths(decoders.src_keep, max_len_a, max_len_b, prefix)  # (N,)
     row_limits = [int(limit) for limit in host_values(limits)[0]]
     sentence = list(range(src.shape[0]))  # input index of each live row
     generated: list[list[int]] = [[] for _ in sentence]  # each live row's tokens after BOS
@@ -272,6 +331,7 @@ def single_path_search(
             bos_id=bos_id,
             eos_id=eos_id,
             unk_id=unk_id,
+            forced=forced_tokens(prefix, step, 1),
         )
         last = choose(log_probs)  # (N,)
         scores = scores + log_probs.gather(1, last[:, None]).squeeze(1)
@@ -288,6 +348,7 @@ def single_path_search(
         if len(live) < len(sentence):
             index = torch.tensor(live, dtype=torch.long, device=src.device)
             last, scores, limits = last[index], scores[index], limits[index]
+            prefix = None if prefix is None else prefix[index]
             decoders.keep(index)
             sentence, generated, row_limits = (
                 [values[row] for row in live] for values in (sentence, generated, row_limits)
@@ -306,6 +367,7 @@ def greedy_search(
     max_len_b: int = 50,
     min_len: int = 0,
     src_padded: bool = True,
+    prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """The most probable token at each step, until EOS or the length limit."""
     return single_path_search(
@@ -319,6 +381,7 @@ def greedy_search(
         max_len_b=max_len_b,
         min_len=min_len,
         src_padded=src_padded,
+        prefix=prefix,
     )
 
 
@@ -361,8 +424,6 @@ def survivors(
 
 
 # ---- beam search: a pure step over the search's state (`advance`), and the loop that runs it ---
-NO_TOKEN = -1
-"""A place in the tokens so far (BeamState.prefixes, Finished.tokens) that holds no token yet."""
 
 
 @dataclass(frozen=True)
@@ -447,14 +508,20 @@ class BeamState:
     prefixes: Tensor  # (B*K, L) each row's tokens so far (the first `step` places), then NO_TOKEN
     finished: Finished
     done: Tensor  # (B,) which sentences are done: nothing their rows find counts any more
+    terms: ConstraintState | None = None  # (B*K rows) progress through target terms, or none
 
     @classmethod
-    def start(cls, batch: int, k: int, length: int, device: torch.device) -> BeamState:
+    def start(
+        cls, batch: int, k: int, length: int, device: torch.device, terms: Terms | None = None
+    ) -> BeamState:
         return cls(
             scores=torch.zeros(batch, 1, device=device),
             prefixes=torch.full((batch * k, length), NO_TOKEN, dtype=torch.long, device=device),
             finished=Finished.none(batch, k, length, device),
             done=torch.zeros(batch, dtype=torch.bool, device=device),
+            terms=None
+            if terms is None
+            else ConstraintState.start(batch * k, terms.lengths.shape[1], device),
         )
 
     def of(self, sentences: Tensor, rows: Tensor) -> BeamState:
@@ -464,6 +531,7 @@ class BeamState:
             self.prefixes.index_select(0, rows),
             self.finished.of(sentences),
             self.done.index_select(0, sentences),
+            None if self.terms is None else self.terms.rows(rows),
         )
 
 
@@ -478,6 +546,7 @@ class SearchRule:
     stop_early: bool
     limits: Tensor
     limit_penalties: Tensor
+    terms: Terms | None = None  # each sentence's target terms (decode/constraints.py), or none
 
     def of(self, sentences: Tensor) -> SearchRule:
         """Sentences `sentences` (n,) alone."""
@@ -485,6 +554,7 @@ class SearchRule:
             self,
             limits=self.limits.index_select(0, sentences),
             limit_penalties=self.limit_penalties.index_select(0, sentences),
+            terms=None if self.terms is None else self.terms.of(sentences),
         )
 
 
@@ -493,7 +563,8 @@ def advance(
 ) -> tuple[BeamState, Tensor, Tensor]:
     """One step of beam search from next-token log-probabilities, (B, V) at the first step
     (every beam of a sentence is BOS alone: one row each) or (B*K, V): the new state, the rows
-    the survivors continue (B*K,) and their tokens (B*K,). Pure, and without a copy to the host.
+    the survivors continue (B*K,) and their tokens (B*K,). Without a copy to the host; pure but
+    for `log_probs`, whose EOS column a search with terms sets to -inf where they are unmet.
 
     Of each sentence's best K candidates, those that end in EOS (at a finite score, in a
     sentence not done) join its finished hypotheses (`kept_finished`); the sentence is done at
@@ -501,13 +572,19 @@ def advance(
     batch, k = state.done.shape[0], rule.k
     beams = log_probs.view(batch, -1, log_probs.shape[1])  # (B, 1 or K, V)
     beams = beams[:, : state.scores.shape[1]]  # the first step: beam 0 alone
-    cand_scores, origin, token = beam_step(beams, state.scores, 2 * k)
-    scores, rows, next_token = survivors(cand_scores, origin, token, rule.eos_id, k)
-    best = cand_scores[:, :k]  # (B, K), as origin[:, :k] and token[:, :k]
+    terms = None
+    if rule.terms is None:
+        cand_scores, origin, token = beam_step(beams, state.scores, 2 * k)
+        scores, rows, next_token = survivors(cand_scores, origin, token, rule.eos_id, k)
+        best, best_origin, best_token = cand_scores[:, :k], origin[:, :k], token[:, :k]
+    else:
+        chosen = constrained_choice(beams, state, rule)
+        scores, rows, next_token, terms = chosen.survivors
+        best, best_origin, best_token = chosen.best
     # > -inf: a candidate that exists (not NaN either)
-    ended = (token[:, :k] == rule.eos_id) & (best > -torch.inf) & ~state.done.unsqueeze(1)
+    ended = (best_token == rule.eos_id) & (best > -torch.inf) & ~state.done.unsqueeze(1)
     normalised = best.to(state.finished.scores.dtype) / length_penalty(step + 1, rule.alpha)
-    ended_rows = torch.arange(batch, device=rows.device).unsqueeze(1) * k + origin[:, :k]
+    ended_rows = torch.arange(batch, device=rows.device).unsqueeze(1) * k + best_origin
     ended_tokens = state.prefixes.index_select(0, ended_rows.view(-1)).view(batch, k, -1)
     finished = kept_finished(
         state.finished, torch.where(ended, normalised, -torch.inf), ended_tokens
@@ -520,7 +597,61 @@ def advance(
     )
     prefixes = state.prefixes.index_select(0, rows)
     prefixes[:, step] = next_token
-    return BeamState(scores, prefixes, finished, done), rows, next_token
+    return BeamState(scores, prefixes, finished, done, terms), rows, next_token
+
+
+@dataclass(frozen=True)
+class ConstrainedChoice:
+    """A constrained step's choice (`constrained_choice`): survivors as `survivors` gives them
+    (scores (B, K), rows (B*K,), tokens (B*K,)) with their ConstraintState, and the best K
+    candidates whose EOS finishes a hypothesis (scores, origin beams, tokens: each (B, K))."""
+
+    survivors: tuple[Tensor, Tensor, Tensor, ConstraintState]
+    best: tuple[Tensor, Tensor, Tensor]
+
+
+def constrained_choice(beams: Tensor, state: BeamState, rule: SearchRule) -> ConstrainedChoice:
+    """The step of a search with target terms (decode/constraints.py): from each beam's best 2K
+    continuations and its term pieces, candidates taken from the banks in turn
+    (`round_robin_order`); the first K in that order are the best (an EOS among them
+    finishes), the first K that do not end survive, best first. beams (B, 1 or K, V)."""
+    batch, beams_now, vocab = beams.shape
+    k, terms = rule.k, rule.terms
+    first_beams = (
+        torch.arange(batch, device=beams.device).unsqueeze(1) * k
+        + torch.arange(beams_now, device=beams.device)
+    ).view(-1)
+    progress = state.terms.rows(first_beams)  # (B * beams_now) rows, as `beams`
+    complete = progress.complete(terms.lengths, beams_now).view(batch, beams_now)
+    beams[..., rule.eos_id] = torch.where(complete, beams[..., rule.eos_id], -torch.inf)
+    top_log_probs, top_tokens = beams.topk(min(2 * k, vocab), dim=-1)  # (B, b, P)
+    generated = top_log_probs + state.scores.unsqueeze(-1)
+    term_totals, term_tokens = term_candidates(beams, state.scores, progress, terms, top_tokens)
+    totals = torch.cat([generated, term_totals], dim=2).view(batch, -1)  # (B, C)
+    tokens = torch.cat([top_tokens, term_tokens], dim=2).view(batch, -1)
+    per_beam = top_tokens.shape[2] + term_tokens.shape[2]
+    origin = torch.arange(beams_now, device=beams.device).repeat_interleave(per_beam)
+    origin = origin.expand(batch, -1)  # (B, C) each candidate's beam
+    origin_rows = torch.arange(batch, device=beams.device).unsqueeze(1) * beams_now + origin
+    after, banks = advanced_state(progress, origin_rows, tokens, terms, beams_now)
+    order = round_robin_order(totals, banks, terms.total)  # (B, C)
+    best = order[:, :k]
+    positions = torch.arange(order.shape[1], device=order.device).expand_as(order)
+    ends = tokens.gather(1, order) == rule.eos_id
+    alive = positions + ends * order.shape[1]  # candidates that end go after the others
+    kept = order.gather(1, alive.argsort(dim=1, stable=True)[:, :k])  # (B, K)
+    kept = kept.gather(1, totals.gather(1, kept).argsort(dim=1, descending=True, stable=True))
+    chosen_rows = torch.arange(batch, device=beams.device).unsqueeze(1) * k + origin.gather(1, kept)
+    candidates = torch.arange(batch, device=beams.device).unsqueeze(1) * order.shape[1] + kept
+    return ConstrainedChoice(
+        survivors=(
+            totals.gather(1, kept),
+            chosen_rows.view(-1),
+            tokens.gather(1, kept).view(-1),
+            after.rows(candidates.view(-1)),
+        ),
+        best=(totals.gather(1, best), origin.gather(1, best), tokens.gather(1, best)),
+    )
 
 
 @dataclass
@@ -534,6 +665,11 @@ class LiveSentences:
     rule: SearchRule
     last: Tensor  # (B,) at the first step of a shrinking batch (one row a sentence), else (B*K,)
     sentences: list[int]
+    prefix: Tensor | None = None  # (B, P) each live sentence's target prefix, or none
+
+    def forced(self, step: int) -> Tensor | None:
+        """The token each row must take at this step (`forced_tokens`)."""
+        return forced_tokens(self.prefix, step, len(self.last) // len(self.sentences))
 
     def at_limit(self, step: int) -> Tensor:
         """Which rows are at their length limit at this step (N,): only EOS may follow there."""
@@ -555,6 +691,8 @@ class LiveSentences:
         # and cross-attention keys and values: one index reorders and prunes.
         self.decoders.keep(rows.index_select(0, kept_rows))
         self.last = self.last.index_select(0, kept_rows)
+        if self.prefix is not None:
+            self.prefix = self.prefix.index_select(0, kept)
         gone_sentences = [self.sentences[b] for b in gone]
         self.sentences = [self.sentences[b] for b in live]
         return gone_sentences, left
@@ -577,9 +715,15 @@ def beam_search(
     fixed_shape: bool = False,
     check_every: int = 4,
     src_padded: bool = True,
+    prefix: Tensor | None = None,
+    terms: Terms | None = None,
 ) -> list[list[Hypothesis]]:
     """Per sentence, up to beam_size finished hypotheses, best first: `advance` step after
     step until every sentence is done (the module's stopping rule; stop_early: fairseq's).
+    prefix (B, P): each sentence's hypotheses begin with these tokens (NO_TOKEN past its end;
+    at the steps of a prefix a sentence has one live beam). terms: each sentence's target terms,
+    which every finished hypothesis contains (decode/constraints.py); a sentence whose search
+    finds none that does within its length limit gets an empty list.
 
     After each step the host reads which sentences are done (the step's one copy), and their
     rows leave the batch. fixed_shape (for CUDA; the execution policy's decode.batch_shape):
@@ -591,18 +735,19 @@ def beam_search(
     """
     k, batch, device = beam_size, src.shape[0], src.device
     ensemble = as_ensemble(model)
-    limits = max_lengths(src != ensemble.pad_id, max_len_a, max_len_b)  # (B,)
+    limits = max_lengths(src != ensemble.pad_id, max_len_a, max_len_b, prefix)  # (B,)
     sentence_limits = [int(limit) for limit in host_values(limits)[0]]
     longest = max(sentence_limits)
-    state = BeamState.start(batch, k, longest, device)
+    state = BeamState.start(batch, k, longest, device, terms)
     penalties = [length_penalty(limit, alpha) for limit in sentence_limits]
     penalties = torch.tensor(penalties, dtype=state.finished.scores.dtype).to(device)
     live = LiveSentences(
         ensemble.start(src, max_length=longest if fixed_shape else None, padded=src_padded),
         state,
-        SearchRule(k, eos_id, alpha, stop_early, limits, penalties),
+        SearchRule(k, eos_id, alpha, stop_early, limits, penalties, terms),
         torch.full((batch * (k if fixed_shape else 1),), bos_id, dtype=torch.long, device=device),
         list(range(batch)),
+        prefix,
     )
     left: list[tuple[list[int], Finished]] = []  # the sentences that left the batch
     for step in range(longest):
@@ -616,6 +761,7 @@ def beam_search(
             bos_id=bos_id,
             eos_id=eos_id,
             unk_id=unk_id,
+            forced=live.forced(step),
         )
         if step == 0 and not fixed_shape:
             live.decoders.repeat_beams(k)  # row b becomes rows b * k ... b * k + k - 1

@@ -40,14 +40,19 @@ from transformer_mt.data.batching import pack, pad_sequences
 from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
+from transformer_mt.decode.alignment import AttentionMap, word_alignment
+from transformer_mt.decode.constraints import Terms, beyond_search
+from transformer_mt.decode.glossary import Glossary
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
+    NO_TOKEN,
     Ensemble,
     Hypothesis,
     as_ensemble,
     beam_search,
     fixed_shape_beam_search,
     greedy_search,
+    teacher_forced_log_probs,
 )
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy, decode_batch_tokens
@@ -66,10 +71,19 @@ class SearchBackend(Protocol):
     max_source_tokens: int | None  # longest source it takes, in pieces (EOS not counted); None: any
 
     def search(
-        self, sources: list[list[int]], decode: DecodeConfig, policy: ExecutionPolicy
+        self,
+        sources: list[list[int]],
+        decode: DecodeConfig,
+        policy: ExecutionPolicy,
+        prefixes: list[list[int]] | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
         """N-best lists (best first, EOS dropped) for one batch of sources that fit, searched as
-        the call's execution policy says (a backend with kernels of its own may pass it over)."""
+        the call's execution policy says (a backend with kernels of its own may pass it over);
+        prefixes: the target pieces each output must begin with ([]: none); terms: each
+        source's target terms (pieces), which its outputs must contain (a source whose terms
+        no hypothesis meets: searched without them, Hypothesis.unmet_terms). ConfigError from a
+        backend that cannot."""
         ...
 
     def reseed(self, seed: int) -> None:
@@ -111,6 +125,18 @@ class AttentionReader(Protocol):
         """Per pair: decoder layer `layer`'s cross-attention, averaged over heads, of the model
         reading `target` for `source` (both without EOS): (len(target) + 1) rows of
         (len(source) + 1) weights, EOS last on both sides."""
+        ...
+
+
+@runtime_checkable
+class TargetScorer(Protocol):
+    """A backend that can also score given translations (decode/scoring.py)."""
+
+    def target_log_probs(
+        self, sources: list[list[int]], targets: list[list[int]], policy: ExecutionPolicy
+    ) -> list[list[float]]:
+        """Per pair: the log-probability of each of the target's pieces and then of EOS, given
+        the source (both without EOS)."""
         ...
 
 
@@ -160,14 +186,21 @@ class ModelSearch:
         sources: list[list[int]],
         decode: DecodeConfig,
         policy: ExecutionPolicy | None = None,
+        prefixes: list[list[int]] | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
         """N-best lists for one batch, searched as `policy` says (None: the call's own,
-        ExecutionPolicy.for_decoding)."""
+        ExecutionPolicy.for_decoding), each output beginning with its prefix's pieces and
+        containing its terms (SearchBackend.search)."""
         if policy is None:
             policy = ExecutionPolicy.for_decoding(decode, self.device)
         src = pad_sequences(
             [np.asarray(s, dtype=np.int64) for s in sources], PAD_ID, suffix=EOS_ID
         ).to(self.device)
+        prefix = None
+        if prefixes is not None and any(prefixes):
+            rows = [np.asarray(p, dtype=np.int64) for p in prefixes]
+            prefix = pad_sequences(rows, NO_TOKEN).to(self.device)  # (B, P)
         common = {
             "max_len_a": decode.max_len_a,
             "max_len_b": decode.max_len_b,
@@ -177,11 +210,39 @@ class ModelSearch:
             "unk_id": UNK_ID,  # with byte fallback every character has pieces: never ' ⁇ '
             # sources of one length (decode.source_lengths=equal): attention masks nothing
             "src_padded": len({len(s) for s in sources}) > 1,
+            "prefix": prefix,
         }
+        wanted, beyond = None, []
+        if terms is not None:
+            beyond = [
+                i
+                for i, (source, sentence_terms) in enumerate(zip(sources, terms, strict=True))
+                if sentence_terms
+                and beyond_search(
+                    sentence_terms, len(source) + 1, decode.max_len_a, decode.max_len_b
+                )
+            ]
+            terms = [[] if i in beyond else t for i, t in enumerate(terms)]
+            if any(terms):
+                wanted = Terms.of_ids(terms, self.device)
         with policy.forward():
-            return self.strategy_search(
-                self.members(policy), src, decode, common, policy.fixed_shape_decoding
-            )
+            members = self.members(policy)
+            fixed = policy.fixed_shape_decoding
+            found = self.strategy_search(members, src, decode, common, fixed, wanted)
+            unmet = [i for i, hyps in enumerate(found) if not hyps and terms and terms[i]]
+            if unmet:  # translated without their terms, and marked
+                rows = torch.tensor(unmet, device=self.device)
+                alone = {**common, "src_padded": True}
+                if prefix is not None:
+                    alone["prefix"] = prefix.index_select(0, rows)
+                again = self.strategy_search(
+                    members, src.index_select(0, rows), decode, alone, fixed
+                )
+                for index, hyps in zip(unmet, again, strict=True):
+                    found[index] = hyps
+        for index in [*beyond, *unmet]:
+            found[index] = [dataclasses.replace(h, unmet_terms=True) for h in found[index]]
+        return found
 
     def members(self, policy: ExecutionPolicy) -> Ensemble:
         """The members that run a call under `policy`: the loaded ones (int8 copies when loaded
@@ -205,10 +266,11 @@ class ModelSearch:
         decode: DecodeConfig,
         common: dict,
         fixed_shape: bool = False,
+        terms: Terms | None = None,
     ) -> list[list[Hypothesis]]:
         """decode.strategy's search of src (B, S) by `ensemble`, with the settings all of them
         take; beam search in a batch of fixed shape where the execution policy says so
-        (`fixed_shape`: search.fixed_shape_beam_search)."""
+        (`fixed_shape`: search.fixed_shape_beam_search), with target `terms` (beam only)."""
         if decode.strategy == Strategy.greedy:
             return [[h] for h in greedy_search(ensemble, src, **common)]
         if decode.strategy == Strategy.sample:
@@ -226,11 +288,33 @@ class ModelSearch:
             "beam_size": decode.beam_size,
             "alpha": decode.length_penalty,
             "stop_early": decode.stop_early,
+            "terms": terms,
             **common,
         }
         if fixed_shape:
             return fixed_shape_beam_search(ensemble, src, check_every=decode.check_every, **beam)
         return beam_search(ensemble, src, **beam)
+
+    def target_log_probs(
+        self, sources: list[list[int]], targets: list[list[int]], policy: ExecutionPolicy
+    ) -> list[list[float]]:
+        """Per pair: the log-probability of each of the target's pieces and then of EOS, given
+        the source (both without EOS), as the searches compute them under `policy` (the same
+        members, kernels and precision: search.teacher_forced_log_probs)."""
+        src, tgt = (
+            pad_sequences([np.asarray(s, dtype=np.int64) for s in rows], PAD_ID, suffix=EOS_ID)
+            for rows in (sources, targets)
+        )
+        with policy.forward():
+            picked = teacher_forced_log_probs(
+                self.members(policy),
+                src.to(self.device),
+                tgt.to(self.device),
+                bos_id=BOS_ID,
+                src_padded=len({len(s) for s in sources}) > 1,
+            )
+        rows = picked.float().cpu().tolist()
+        return [row[: len(t) + 1] for row, t in zip(rows, targets, strict=True)]
 
     def cross_attention(
         self, sources: list[list[int]], targets: list[list[int]], layer: int
@@ -282,24 +366,14 @@ def describe_precision(precision: Precision, device: torch.device) -> None:
 
 
 @dataclass(frozen=True)
-class AttentionMap:
-    """Where the model looked while writing one translation: row i is target piece i (the last
-    row: end of sentence), column j source piece j (the last: end of sentence); each row sums
-    to 1. Cross-attention of one decoder layer, averaged over its heads."""
-
-    source_pieces: list[str]
-    target_pieces: list[str]
-    weights: list[list[float]]  # len(target_pieces) x len(source_pieces)
-    layer: int  # from 0
-
-
-@dataclass(frozen=True)
 class Translation:
     """One entry of an n-best list."""
 
     text: str
     score: float  # the search's score: beam, length-penalised log-probability; else log-probability
     attention: AttentionMap | None = None  # the best of a list, when translate_nbest is asked
+    alignment: list[tuple[int, int]] | None = None  # likewise: (source word, target word) pairs
+    unmet_terms: bool = False  # its target terms could not all be met: translated without them
 
 
 class Translator:
@@ -323,6 +397,7 @@ class Translator:
         self.unicode_form, self.origin = unicode_form, origin
         self.languages = languages
         self.max_source_tokens = backend.max_source_tokens
+        self.glossaries: dict[str, Glossary] = {}  # by path, read by the first call naming one
         self.decode = self.checked(decode)
 
     @classmethod
@@ -399,7 +474,8 @@ class Translator:
     def translate(self, sentences: list[str], *, decode: DecodeConfig | None = None) -> list[str]:
         """One translation per input sentence, in input order; an empty line gives an empty line.
         Each translation is one line (a line break the model spelled in byte pieces is a space)."""
-        ids = self.translate_ids(self.encode(sentences, decode), decode)
+        terms = self.line_terms(sentences, decode)  # decode.glossary's
+        ids = self.translate_ids(self.encode(sentences, decode), decode, terms)
         return [single_line(t) for t in self.tokenizers.tgt.decode(ids)]
 
     def translate_nbest(
@@ -408,13 +484,61 @@ class Translator:
         *,
         decode: DecodeConfig | None = None,
         attention: int | None = None,
+        alignment: int | None = None,
+        prefixes: list[str] | None = None,
+        terms: list[list[str]] | None = None,
     ) -> list[list[Translation]]:
         """Up to decode.nbest translations per input sentence, best first, in input order; an
         empty line gives one empty translation with score 0. attention: a decoder layer (-1:
         the last) whose cross-attention behind each best translation it carries (None for an
-        empty line); None: no attention."""
+        empty line); None: no attention. alignment: likewise, a layer whose cross-attention
+        gives each best translation's word alignment (decode/alignment.py; `alignment_layer`
+        chooses it). prefixes: per sentence, a text its translations begin with ("": none;
+        normalised as `encode_targets` encodes it), the search going on from it; a score is
+        the whole output's, as if the search had found it unprefixed. terms: per sentence,
+        target terms its translations must contain, with decode.glossary's (`line_terms`)."""
         encoded = self.encode(sentences, decode)
-        return self.translate_encoded(encoded, decode=decode, attention=attention)
+        return self.translate_encoded(
+            encoded,
+            decode=decode,
+            attention=attention,
+            alignment=alignment,
+            prefixes=None if prefixes is None else self.encode_targets(prefixes),
+            terms=self.line_terms(sentences, decode, terms),
+        )
+
+    def line_terms(
+        self,
+        sentences: list[str],
+        decode: DecodeConfig | None = None,
+        terms: list[list[str]] | None = None,
+        glossary: Glossary | None = None,
+    ) -> list[list[list[int]]] | None:
+        """Each sentence's target terms, encoded: `terms`' and those of the pairs of `glossary`
+        (else decode.glossary's) whose source term occurs in it (decode/glossary.py), each
+        once; None where there are none at all. (A line with more of them than the search
+        takes is translated without them and marked: constraints.beyond_search.)"""
+        decode = self.decode if decode is None else decode
+        if glossary is None and decode.glossary is not None:
+            glossary = self.glossary(decode.glossary)
+        if glossary is None and terms is None:
+            return None
+        if terms is not None and len(terms) != len(sentences):
+            raise ValueError(f"{len(terms)} lists of terms for {len(sentences)} sentences")
+        wanted = []
+        for number, sentence in enumerate(sentences):
+            given = [] if terms is None else [t.strip() for t in terms[number] if t.strip()]
+            matched = [] if glossary is None else glossary.terms(sentence, self.unicode_form)
+            line = list(dict.fromkeys([*given, *matched]))  # each once, in order
+            encoded = self.encode_targets(line) if line else []
+            wanted.append([t for t in encoded if t])
+        return wanted if any(wanted) else None
+
+    def glossary(self, path: str) -> Glossary:
+        """The glossary file `path`, read once (decode/glossary.py)."""
+        if path not in self.glossaries:
+            self.glossaries[path] = Glossary.read(path, self.unicode_form)
+        return self.glossaries[path]
 
     def translate_encoded(
         self,
@@ -422,26 +546,87 @@ class Translator:
         *,
         decode: DecodeConfig | None = None,
         attention: int | None = None,
+        alignment: int | None = None,
+        prefixes: list[list[int]] | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[Translation]]:
-        """translate_nbest for sentences already encoded by `encode` (the server encodes each
-        request once: to bound it when it arrives, then to translate it)."""
-        reader = None if attention is None else self.attention_reader()  # before the search
+        """translate_nbest for sentences (and prefixes, and terms) already encoded by `encode`
+        (and `encode_targets`, `line_terms`): the server encodes each request once, to bound it
+        when it arrives, then to translate it."""
+        layers = [layer for layer in (attention, alignment) if layer is not None]
+        reader = self.attention_reader() if layers else None  # before the search
+        for layer in layers:
+            self.checked_layer(layer, reader)
         decode, policy = self.prepared(decode)
-        nbest = self.searched(ids, decode, policy)
+        nbest = self.searched(ids, decode, policy, prefixes, terms)
         translations = self.nbest_texts(nbest)
         if reader is None:
             return translations
-        maps = self.attention_maps(reader, ids, nbest, attention, decode, policy)
+        maps: list[AttentionMap | None] = [None] * len(ids)
+        if attention is not None:
+            maps = self.attention_maps(reader, ids, nbest, attention, decode, policy)
+        aligned: list[list[tuple[int, int]] | None] = [None] * len(ids)
+        if alignment is not None:
+            read = attention is not None and (alignment - attention) % reader.decoder_layers == 0
+            if not read:
+                alignment_maps = self.attention_maps(reader, ids, nbest, alignment, decode, policy)
+            tags = len(self.language_prefix(decode))
+            aligned = [
+                None if attended is None else word_alignment(attended, tags)
+                for attended in (maps if read else alignment_maps)
+            ]
         return [
-            [dataclasses.replace(best, attention=attended), *rest]
-            for (best, *rest), attended in zip(translations, maps, strict=True)
+            [dataclasses.replace(best, attention=attended, alignment=pairs), *rest]
+            for (best, *rest), attended, pairs in zip(translations, maps, aligned, strict=True)
         ]
+
+    def alignment_layer(self, layer: int | None) -> int:
+        """The decoder layer whose attention aligns words: `layer`, or for None the last one
+        (decode/alignment.py says why); ConfigError naming alignment_layer for one the decoder
+        does not have, or a model that cannot read attention."""
+        reader = self.attention_reader()
+        chosen = reader.decoder_layers - 1 if layer is None else layer
+        return self.checked_layer(chosen, reader, "alignment_layer") % reader.decoder_layers
+
+    def alignments(
+        self,
+        sources: list[str],
+        targets: list[str],
+        layer: int | None = None,
+        decode: DecodeConfig | None = None,
+    ) -> list[list[tuple[int, int]] | None]:
+        """The word alignment of each given translation (decode/alignment.word_alignment of
+        decoder layer `layer`, `alignment_layer`'s choice for None), read teacher-forced over
+        the target as `encode_targets` encodes it; None for an empty source."""
+        if len(targets) != len(sources):
+            raise ValueError(f"{len(targets)} translations for {len(sources)} sources")
+        reader = self.attention_reader()
+        chosen = self.alignment_layer(layer)
+        decode, policy = self.prepared(decode)
+        given = [[Hypothesis(ids, 0.0)] for ids in self.encode_targets(targets)]
+        ids = self.encode(sources, decode)
+        maps = self.attention_maps(reader, ids, given, chosen, decode, policy)
+        tags = len(self.language_prefix(decode))
+        return [None if found is None else word_alignment(found, tags) for found in maps]
+
+    @staticmethod
+    def checked_layer(layer: int, reader: AttentionReader, key: str = "attention_layer") -> int:
+        layers = reader.decoder_layers
+        if not -layers <= layer < layers:
+            raise ConfigError(
+                f"config key '{key}': layer {layer}, but the decoder has {layers} layers (0 to "
+                f"{layers - 1}, or from the last: -1 to -{layers})"
+            )
+        return layer
 
     def nbest_texts(self, nbest: list[list[Hypothesis]]) -> list[list[Translation]]:
         texts = map(
             single_line, self.tokenizers.tgt.decode([h.tokens for hyps in nbest for h in hyps])
         )
-        return [[Translation(next(texts), h.score) for h in hyps] for hyps in nbest]
+        return [
+            [Translation(next(texts), h.score, unmet_terms=h.unmet_terms) for h in hyps]
+            for hyps in nbest
+        ]
 
     def attention_reader(self) -> AttentionReader:
         """The backend, which must be able to read attention (ConfigError otherwise)."""
@@ -488,6 +673,12 @@ class Translator:
         )
         return [prefix + piece_ids if piece_ids else piece_ids for piece_ids in ids]
 
+    def encode_targets(self, texts: list[str]) -> list[list[int]]:
+        """Target-side texts (given translations, prefixes) as the model writes them: normalised
+        as the training data was (data.unicode_form) and encoded by the target tokenizer, no
+        EOS."""
+        return self.tokenizers.tgt.encode([normalise(t.strip(), self.unicode_form) for t in texts])
+
     @property
     def target_languages(self) -> list[str]:
         """The languages it translates into (decode.tgt_lang's choices where there are several;
@@ -504,24 +695,46 @@ class Translator:
         return self.languages.prefix(language)
 
     def translate_ids(
-        self, ids: list[list[int]], decode: DecodeConfig | None = None
+        self,
+        ids: list[list[int]],
+        decode: DecodeConfig | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[int]]:
-        """Target piece ids for each source's piece ids (no EOS), in input order."""
-        return [hyps[0].tokens for hyps in self.nbest_ids(ids, decode)]
+        """Target piece ids for each source's piece ids (no EOS), in input order (with each
+        source's target terms: `line_terms`)."""
+        return [hyps[0].tokens for hyps in self.nbest_ids(ids, decode, terms)]
 
     def nbest_ids(
-        self, ids: list[list[int]], decode: DecodeConfig | None = None
+        self,
+        ids: list[list[int]],
+        decode: DecodeConfig | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
         """Up to decode.nbest hypotheses per source's piece ids, best first, in input order."""
-        return self.searched(ids, *self.prepared(decode))
+        return self.searched(ids, *self.prepared(decode), None, terms)
 
     def searched(
-        self, ids: list[list[int]], decode: DecodeConfig, policy: ExecutionPolicy
+        self,
+        ids: list[list[int]],
+        decode: DecodeConfig,
+        policy: ExecutionPolicy,
+        prefixes: list[list[int]] | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
-        """`nbest_ids` for checked settings and their policy."""
+        """`nbest_ids` for checked settings and their policy (and each source's target prefix
+        and terms; an empty source is not translated, whatever they are)."""
+        for name, given in (("prefixes", prefixes), ("terms", terms)):
+            if given is not None and len(given) != len(ids):
+                raise ValueError(f"{len(given)} {name} for {len(ids)} sources")
+        if terms is not None and any(terms) and decode.terms_refusal() is not None:
+            raise ConfigError(f"config key 'decode.strategy': {decode.terms_refusal()}")
         outputs = [[Hypothesis([], 0.0)] for _ in ids]
         for batch in self.batches(ids, decode, policy):
-            found = self.search([ids[i] for i in batch], decode, policy)
+            batch_prefixes = None if prefixes is None else [prefixes[i] for i in batch]
+            batch_terms = None if terms is None else [terms[i] for i in batch]
+            found = self.search(
+                [ids[i] for i in batch], decode, policy, batch_prefixes, batch_terms
+            )
             for index, hyps in zip(batch, found, strict=True):
                 outputs[index] = hyps[: decode.nbest]
         return outputs
@@ -566,7 +779,18 @@ class Translator:
         return self.cut(sources)
 
     def search(
-        self, sources: list[list[int]], decode: DecodeConfig, policy: ExecutionPolicy
+        self,
+        sources: list[list[int]],
+        decode: DecodeConfig,
+        policy: ExecutionPolicy,
+        prefixes: list[list[int]] | None = None,
+        terms: list[list[list[int]]] | None = None,
     ) -> list[list[Hypothesis]]:
-        """N-best lists (best first) for one batch of sources, cut to the backend's limit."""
-        return self.backend.search(self.truncate(sources), decode, policy)
+        """N-best lists (best first) for one batch of sources, cut to the backend's limit (a
+        backend is passed prefixes and terms only where some source has them)."""
+        extra = {}
+        if prefixes is not None and any(prefixes):
+            extra["prefixes"] = prefixes
+        if terms is not None and any(terms):
+            extra["terms"] = terms
+        return self.backend.search(self.truncate(sources), decode, policy, **extra)

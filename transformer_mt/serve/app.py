@@ -2,11 +2,22 @@
 
     POST /translate   {"text": "..."} or {"lines": [...]}, optional decode settings
                       (strategy, beam_size, nbest, length_penalty, temperature, top_k, top_p,
-                      seed) and "attention": true (with "attention_layer", default the last)
+                      seed), "attention": true (with "attention_layer", default the last)
+                      and "alignment": true (with "alignment_layer", default the last);
+                      "prefix": what each translation must begin with (a string, or a
+                      list of one per line); "glossary": [{"source", "target"}] term pairs
+                      and "constraints": a list of target terms per line, which each
+                      translation must contain (beam search; "unmet_terms": true where
+                      none met them all: translated without them)
                       -> {"translations": [{"text", "nbest": [{"text", "score"}],
                           "attention": {"source_pieces", "target_pieces", "weights", "layer"}
-                          or null}], "decode": the settings used, "precision" as
-                          computed ("fp32 (auto)")}
+                          or null, "alignment": [[source word, target word], ...] or null}],
+                          "decode": the settings used, "precision" as computed ("fp32
+                          (auto)")}
+    POST /score       {"pairs": [{"source", "target"}]}, optional "length_penalty" and "tgt_lang"
+                      -> {"scores": [{"normalised", "log_prob", "per_piece", "pieces"} or
+                          null for an empty source], "decode": the settings used}
+                      (decode/scoring.py: the model's score of each given translation)
     GET /             a page to try it: translation, n-best list, attention heat map
     GET /health       {"status": "ok", "model": the checkpoint's file name and update,
                        "decode": the default settings, as /translate's "decode"}
@@ -38,6 +49,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
 from transformer_mt.config import SEED_RANGE, DecodeConfig, ServeJob, Strategy
+from transformer_mt.decode.glossary import Glossary
+from transformer_mt.decode.scoring import PairScore
 from transformer_mt.decode.translator import AttentionMap, Translator
 from transformer_mt.errors import ConfigError
 from transformer_mt.serve.batcher import Batcher, Busy, QueuedWork, Result
@@ -61,6 +74,13 @@ class Refused(Exception):
         return JSONResponse(body, status_code=self.status, headers=self.headers)
 
 
+class GlossaryPair(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str = Field(max_length=200)
+    target: str = Field(max_length=200)
+
+
 class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -77,6 +97,26 @@ class TranslateRequest(BaseModel):
     tgt_lang: str | None = Field(default=None, max_length=64)
     attention: bool = False
     attention_layer: int = -1
+    alignment: bool = False
+    alignment_layer: int | None = None
+    prefix: str | list[str] | None = None
+    glossary: list[GlossaryPair] | None = None
+    constraints: list[list[str]] | None = None
+
+
+class ScoredPair(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: str
+    target: str
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    pairs: list[ScoredPair]
+    length_penalty: float | None = Field(default=None, ge=0.0)
+    tgt_lang: str | None = Field(default=None, max_length=64)
 
 
 async def refused_response(_: Request, refused: Refused) -> JSONResponse:
@@ -113,15 +153,23 @@ def create_app(
             "target_languages": translator.target_languages,
         }
 
-    @app.post("/translate")
-    async def translate(request: Request) -> Response:
-        work = admitted_work(await read_body(request, limits), translator, limits)
+    async def queued(request: Request, work: QueuedWork) -> Response:
         try:
             answer = batcher.submit(work)
         except Busy as busy:
             raise Refused(503, str(busy), headers={"Retry-After": str(RETRY_AFTER_S)}) from None
         body = await answered(request, answer, limits.request_timeout_s, sleep)
         return Response(body, media_type="application/json")
+
+    @app.post("/translate")
+    async def translate(request: Request) -> Response:
+        body = await read_body(request, limits)
+        return await queued(request, admitted_work(body, translator, limits))
+
+    @app.post("/score")
+    async def score(request: Request) -> Response:
+        body = await read_body(request, limits)
+        return await queued(request, admitted_scoring(body, translator, limits))
 
     return app
 
@@ -153,28 +201,128 @@ async def read_body(request: Request, limits: ServeJob) -> bytes:
 def admitted_work(body: bytes, translator: Translator, limits: ServeJob) -> QueuedWork:
     """The work a request asks for, its lines encoded (once: the worker translates these ids),
     or Refused (422) saying what is wrong with it."""
-    try:
-        asked = TranslateRequest.model_validate_json(body)
-    except ValidationError as error:
-        errors = [
-            {"where": ".".join(map(str, e["loc"])) or "body", "problem": e["msg"]}
-            for e in error.errors(include_url=False, include_context=False)
-        ]
-        raise Refused(422, "the request is not valid", errors=errors) from None
+    asked = parsed(TranslateRequest, body)
     lines = request_lines(asked, limits)
     try:
         decode = requested_decode(translator, asked, limits)
         ids = translator.encode(lines, decode)  # after the tag of decode.tgt_lang
     except ConfigError as error:
         raise Refused(422, str(error)) from None
-    pieces = sum(len(s) + 1 for s in ids)
+    prefixes = request_prefixes(asked, lines, limits)
+    if prefixes is not None:
+        prefixes = translator.encode_targets(prefixes)
+    terms = request_terms(asked, lines, decode, translator, limits)
+    pieces = sum(len(s) + 1 for s in ids) + sum(map(len, prefixes or []))
     if pieces > limits.max_pending_pieces:
         raise Refused(422, f"{pieces} source pieces: the limit is {limits.max_pending_pieces}")
-    if asked.attention:
+    if asked.attention or asked.alignment:
         check_attention_cells(ids, decode, translator.max_source_tokens, limits)
     layer = asked.attention_layer if asked.attention else None
+    try:
+        aligned = translator.alignment_layer(asked.alignment_layer) if asked.alignment else None
+    except ConfigError as error:
+        raise Refused(422, str(error)) from None
     render = functools.partial(answer_bytes, decode=translator.settings_record(decode))
-    return QueuedWork(ids, decode, layer, pieces, render)
+    return QueuedWork(
+        ids,
+        decode,
+        layer,
+        pieces,
+        render,
+        alignment_layer=aligned,
+        prefixes=prefixes,
+        terms=terms,
+    )
+
+
+def request_terms(
+    asked: TranslateRequest,
+    lines: list[str],
+    decode: DecodeConfig,
+    translator: Translator,
+    limits: ServeJob,
+) -> list[list[list[int]]] | None:
+    """Each line's target terms, encoded: its "constraints" (a list of terms per line) and the
+    terms of the request's "glossary" whose source term occurs in it (Translator.line_terms);
+    Refused (422) saying what is wrong."""
+    if asked.constraints is not None and len(asked.constraints) != len(lines):
+        raise Refused(
+            422,
+            f"{len(asked.constraints)} lists of constraints for {len(lines)} lines: give one "
+            "per line",
+        )
+    if asked.glossary is not None and len(asked.glossary) > limits.max_glossary_pairs:
+        raise Refused(
+            422, f"{len(asked.glossary)} glossary pairs: the limit is {limits.max_glossary_pairs}"
+        )
+    try:
+        glossary = None
+        if asked.glossary is not None:
+            pairs = [(pair.source, pair.target) for pair in asked.glossary]
+            glossary = Glossary.of_pairs(pairs, translator.unicode_form)
+        # the server's glossary (translator.decode's) unless the request has its own
+        terms = translator.line_terms(lines, translator.decode, asked.constraints, glossary)
+        if terms is not None and decode.terms_refusal() is not None:
+            raise ConfigError(decode.terms_refusal())
+    except ConfigError as error:
+        raise Refused(422, str(error)) from None
+    return terms
+
+
+def request_prefixes(
+    asked: TranslateRequest, lines: list[str], limits: ServeJob
+) -> list[str] | None:
+    """Each line's target prefix ("prefix": a string with "text", a list of one per line with
+    "lines"), or None; Refused (422) saying what is wrong."""
+    if asked.prefix is None:
+        return None
+    if isinstance(asked.prefix, str) != (asked.text is not None):
+        raise Refused(
+            422, 'give "prefix" as a string with "text", or as a list of one per line with "lines"'
+        )
+    prefixes = [asked.prefix] if isinstance(asked.prefix, str) else asked.prefix
+    if len(prefixes) != len(lines):
+        raise Refused(422, f"{len(prefixes)} prefixes for {len(lines)} lines: give one per line")
+    checked_lines(prefixes, limits, "prefix")
+    return prefixes
+
+
+def parsed(model: type[BaseModel], body: bytes):
+    """The request's JSON as `model`, or Refused (422) saying what is wrong with it."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as error:
+        errors = [
+            {"where": ".".join(map(str, e["loc"])) or "body", "problem": e["msg"]}
+            for e in error.errors(include_url=False, include_context=False)
+        ]
+        raise Refused(422, "the request is not valid", errors=errors) from None
+
+
+def admitted_scoring(body: bytes, translator: Translator, limits: ServeJob) -> QueuedWork:
+    """The scores a request asks for, its pairs encoded (once), or Refused (422) saying what is
+    wrong with it. Its pieces, source and target, count against max_pending_pieces."""
+    asked = parsed(ScoreRequest, body)
+    if len(asked.pairs) > limits.max_lines:
+        raise Refused(422, f"{len(asked.pairs)} pairs: the limit is {limits.max_lines} per request")
+    for side in ("source", "target"):
+        checked_lines([getattr(pair, side) for pair in asked.pairs], limits, f"pair's {side}")
+    changes = {
+        name: getattr(asked, name)
+        for name in ("length_penalty", "tgt_lang")
+        if getattr(asked, name) is not None
+    }
+    try:
+        decode = translator.checked(dataclasses.replace(translator.decode, **changes))
+        ids = translator.encode([pair.source for pair in asked.pairs], decode)
+    except ConfigError as error:
+        raise Refused(422, str(error)) from None
+    targets = translator.encode_targets([pair.target for pair in asked.pairs])
+    pieces = sum(len(s) + 1 for s in ids) + sum(len(t) + 1 for t in targets)
+    if pieces > limits.max_pending_pieces:
+        raise Refused(422, f"{pieces} pieces: the limit is {limits.max_pending_pieces}")
+    render = functools.partial(scores_bytes, decode=translator.settings_record(decode))
+    return QueuedWork(ids, decode, None, pieces, render, targets=targets)
 
 
 def request_lines(asked: TranslateRequest, limits: ServeJob) -> list[str]:
@@ -184,17 +332,23 @@ def request_lines(asked: TranslateRequest, limits: ServeJob) -> list[str]:
     lines = [asked.text] if asked.text is not None else asked.lines
     if len(lines) > limits.max_lines:
         raise Refused(422, f"{len(lines)} lines: the limit is {limits.max_lines} per request")
+    checked_lines(lines, limits, "line")
+    return lines
+
+
+def checked_lines(lines: list[str], limits: ServeJob, what: str) -> None:
+    """Refused (422) naming the first of `lines` (each a `what`) over max_line_chars or holding
+    a line break."""
     for number, line in enumerate(lines):
         if len(line) > limits.max_line_chars:
             raise Refused(
                 422,
-                f"line {number} has {len(line)} characters: the limit is {limits.max_line_chars}",
+                f"{what} {number} has {len(line)} characters: the limit is {limits.max_line_chars}",
             )
         if "\n" in line or "\r" in line:
             raise Refused(
-                422, f"line {number} holds a line break: send each sentence as its own line"
+                422, f"{what} {number} holds a line break: send each sentence as its own line"
             )
-    return lines
 
 
 def check_attention_cells(
@@ -260,8 +414,29 @@ def answer_bytes(results: Result, decode: dict) -> bytes:
                 "text": nbest[0].text,
                 "nbest": [{"text": t.text, "score": t.score} for t in nbest],
                 "attention": attention_record(nbest[0].attention),
+                "alignment": nbest[0].alignment,
+                "unmet_terms": nbest[0].unmet_terms,
             }
             for nbest in results
+        ],
+        "decode": decode,
+    }
+    return json.dumps(answer, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def scores_bytes(results: list[PairScore | None], decode: dict) -> bytes:
+    """The JSON of /score's answer (built in the worker thread, as `answer_bytes`)."""
+    answer = {
+        "scores": [
+            None
+            if pair is None
+            else {
+                "normalised": pair.normalised,
+                "log_prob": pair.log_prob,
+                "per_piece": pair.per_piece,
+                "pieces": pair.pieces,
+            }
+            for pair in results
         ],
         "decode": decode,
     }
@@ -305,6 +480,8 @@ def requested_decode(
     decode = dataclasses.replace(translator.decode, **changes)
     if decode.beam_size > limits.max_beam_size:
         raise ConfigError(f"beam_size {decode.beam_size}: the limit is {limits.max_beam_size}")
+    if decode.terms_refusal() is not None:  # request_terms refuses it for lines with terms
+        decode = dataclasses.replace(decode, glossary=None)
     return translator.checked(decode)
 
 

@@ -1,5 +1,6 @@
 """One worker thread runs the model; requests from concurrent clients that wait for it with the
-same decode settings are translated together (the Translator then batches their lines by
+same decode settings (and asking for the same: translations, or scores of given ones) are
+answered together (the Translator then batches their lines by
 decode.batch_tokens), so that many small requests cost about one batch each, not one each.
 
 The waiting work is bounded in source pieces (`Busy` beyond it: the server answers 503), and
@@ -19,9 +20,12 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from transformer_mt.config import DecodeConfig, Strategy
+from transformer_mt.decode.scoring import PairScore, score_encoded
 from transformer_mt.decode.translator import Translation, Translator
 
-Result = list[list[Translation]]  # an n-best list per line; the best carries its attention map
+Result = list[list[Translation]] | list[PairScore | None]
+"""Translations: an n-best list per line, the best with its attention map and word alignment
+where asked; scores: a score per pair (None: an empty source)."""
 BATCH_SIZES_KEPT = 1000  # Batcher.batch_sizes: how many recent batches it remembers
 
 
@@ -38,12 +42,18 @@ class QueuedWork:
     attention_layer: int | None  # None: no attention asked for
     pieces: int  # source pieces, EOS included: the batch budget and the bound on pending work
     render: Callable[[Result], bytes]  # the answer's bytes, written by the worker thread
+    targets: list[list[int]] | None = None  # scores of these translations of the lines; None:
+    # translate them (Translator.encode_targets)
+    alignment_layer: int | None = None  # None: no word alignment asked for
+    prefixes: list[list[int]] | None = None  # each line's target prefix, encoded; None: none
+    terms: list[list[list[int]]] | None = None  # each line's target terms, encoded; None: none
     result: Future = field(default_factory=Future)  # of the rendered answer
 
     @property
     def key(self) -> tuple:
-        """Work with equal keys can share a Translator call."""
-        return (self.decode, self.attention_layer)
+        """Work with equal keys can share a Translator call (work with prefixes and without
+        too: a line without one has the empty prefix)."""
+        return (self.decode, self.attention_layer, self.alignment_layer, self.targets is None)
 
 
 class Batcher:
@@ -125,18 +135,29 @@ class Batcher:
     def run(self) -> None:
         while (group := self.next_group()) is not None:
             self.batch_sizes.append(len(group))
-            self.translate(group)
+            self.answer(group)
 
-    def translate(self, group: list[QueuedWork]) -> None:
-        """Translate the group's lines in one Translator call and answer each request."""
+    def answer(self, group: list[QueuedWork]) -> None:
+        """Translate (or score) the group's lines in one Translator call and answer each
+        request."""
         first = group[0]
         ids = [line for work in group for line in work.ids]
         try:
-            if first.decode.strategy is Strategy.sample:  # the request's seed decides its sample
-                self.translator.backend.reseed(first.decode.seed)
-            results = self.translator.translate_encoded(
-                ids, decode=first.decode, attention=first.attention_layer
-            )
+            results: Result
+            if first.targets is not None:
+                targets = [line for work in group for line in work.targets]
+                results = score_encoded(self.translator, ids, targets, first.decode)
+            else:
+                if first.decode.strategy is Strategy.sample:  # its seed decides its sample
+                    self.translator.backend.reseed(first.decode.seed)
+                results = self.translator.translate_encoded(
+                    ids,
+                    decode=first.decode,
+                    attention=first.attention_layer,
+                    alignment=first.alignment_layer,
+                    prefixes=per_line(group, "prefixes"),
+                    terms=per_line(group, "terms"),
+                )
         except Exception as error:  # every waiting client hears of it; the worker goes on
             for work in group:
                 work.result.set_exception(error)
@@ -148,3 +169,11 @@ class Batcher:
             except Exception as error:
                 work.result.set_exception(error)
             start += len(work.ids)
+
+
+def per_line(group: list[QueuedWork], name: str) -> list | None:
+    """The group's lines' `name` (QueuedWork.prefixes or terms), [] for the lines of work that
+    has none; None where none has any."""
+    if all(getattr(work, name) is None for work in group):
+        return None
+    return [value for work in group for value in (getattr(work, name) or [[] for _ in work.ids])]

@@ -21,10 +21,12 @@ from transformer_mt.checkpoint import (
     TrainingState,
     UpdateCounts,
 )
+from transformer_mt.checkpoint.training_state import has_moving_average
 from transformer_mt.config import TrainerConfig
 from transformer_mt.errors import CheckpointError
 from transformer_mt.run_dir import RunDir
 from transformer_mt.train.distributed import Ranks
+from transformer_mt.train.moving_average import WeightAverage
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +39,7 @@ class TrainingParts:
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     scaler: torch.amp.GradScaler
+    ema: WeightAverage | None = None  # the moving average of the weights (trainer.ema_decay)
 
 
 class Checkpointer:
@@ -95,6 +98,7 @@ class Checkpointer:
             scheduler=parts.scheduler.state_dict(),
             scaler=parts.scaler.state_dict(),
             rng=gathered_rng(self.ranks, self.device),
+            ema=None if parts.ema is None else parts.ema.state(self.ranks),
         )
         return {**state.as_state(), **self.record.with_progress(progress).as_state()}
 
@@ -179,6 +183,16 @@ class Checkpointer:
             raise CheckpointError(f"{path}: cannot continue from it: {error}") from error
         if state.scaler:
             parts.scaler.load_state_dict(state.scaler)
+        if parts.ema is not None and state.ema is not None:
+            parts.ema.load(state.ema)
+        elif parts.ema is not None and self.ranks.is_main:  # trainer.ema_decay set since
+            log.warning("%s has no moving average of its weights: it starts here", path.name)
+        elif state.ema is not None and self.ranks.is_main:  # trainer.ema_decay=0 since
+            log.warning(
+                "%s has a moving average of its weights, and trainer.ema_decay=0: it is dropped, "
+                "and this run's checkpoints hold none",
+                path.name,
+            )
         progress = checkpoint.record.progress or Progress(UpdateCounts(step=checkpoint.record.step))
         if not restore_rng(state.rng, self.ranks, self.device, self.settings.seed, progress.step):
             log.warning("another number of ranks: dropout draws fresh random numbers")
@@ -212,6 +226,8 @@ class Checkpointer:
             self.parts.model.load_state_dict(checkpoint.weights())
         except RuntimeError as error:
             raise CheckpointError(f"{checkpoint.path}: cannot take its weights: {error}") from error
+        if has_moving_average(checkpoint.state) and self.ranks.is_main:
+            log.info("fine-tuning from %s's moving average of its weights", checkpoint.path.name)
 
 
 def gathered_rng(ranks: Ranks, device: torch.device) -> RngStates:

@@ -44,6 +44,7 @@ from transformer_mt.train.flops import update_flops
 from transformer_mt.train.loss import LossSums, TrainingLoss
 from transformer_mt.train.metrics import TrainingMetrics
 from transformer_mt.train.monitor import NonFiniteUpdates, StepStats, ThroughputWindow
+from transformer_mt.train.moving_average import WeightAverage
 from transformer_mt.train.optimizer import finish_update, optimizer_and_schedule
 from transformer_mt.train.start import Start, StartKind, describe
 from transformer_mt.train.stopping import StopRules
@@ -94,6 +95,8 @@ class Trainer:
         )
         self.train_model = self.distributed(self.loss_module)
         self.optimizer, self.scheduler = optimizer_and_schedule(self.model, cfg)
+        decay = cfg.trainer.ema_decay
+        self.ema = WeightAverage(self.model, decay) if decay else None
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=policy.scales_loss)
         self.mix = CorpusMix.of(data, cfg.data)
         self.plan = self.planned_batches()
@@ -101,16 +104,17 @@ class Trainer:
         self.batches = TrainingBatches(
             self.mix, self.plan, policy, self.ranks, cfg.trainer, on_epoch=self.record_epoch
         )
+        validated = self.model if self.ema is None else self.ema.model  # what decoding uses
         self.validator = Validator(
-            self.model,
-            self.validation_loss_module(),
+            validated,
+            self.validation_loss_module(validated),
             data.valid,
             policy.eager(),
             self.ranks,
             cfg.trainer,
             bleu=valid_bleu,
         )
-        parts = TrainingParts(self.model, self.optimizer, self.scheduler, self.scaler)
+        parts = TrainingParts(self.model, self.optimizer, self.scheduler, self.scaler, self.ema)
         self.checkpointer = Checkpointer(run, record, parts, self.ranks, self.device, cfg.trainer)
         self.stop_rules = StopRules(cfg.trainer, self.ranks, self.scaler)
         self.micro_batch: Batch | None = None  # in forward_backward: what out of memory names
@@ -134,14 +138,14 @@ class Trainer:
             gradient_as_bucket_view=True,
         )
 
-    def validation_loss_module(self) -> TrainingLoss:
-        """Validation's loss: the step's, but eager where the step compiles (policy.eager())."""
-        if not self.policy.compile:
+    def validation_loss_module(self, model: Transformer) -> TrainingLoss:
+        """Validation's loss of `model` (the trained one, or its moving average): the step's,
+        but eager where the step compiles (policy.eager())."""
+        if model is self.model and not self.policy.compile:
             return self.loss_module
         epsilon = self.cfg.optim.label_smoothing
-        return TrainingLoss.for_policy(
-            self.model, self.policy.eager(), epsilon=epsilon, pad_id=PAD_ID
-        )
+        policy = self.policy.eager() if self.policy.compile else self.policy
+        return TrainingLoss.for_policy(model, policy, epsilon=epsilon, pad_id=PAD_ID)
 
     def planned_batches(self) -> BatchPlan:
         """trainer.global_batch_tokens as ranks x micro-batches (a warning where those are too
@@ -239,6 +243,8 @@ class Trainer:
             keep_gradients=self.ranks.distributed,
         )
         self.nonfinite.add((~torch.isfinite(grad_norm)).to(torch.int64))
+        if self.ema is not None:
+            self.ema.update(self.model)
         self.counts.step += 1
         return StepStats(
             loss=loss_sum * self.ranks.world_size / total_tokens,  # this rank's share
