@@ -4,6 +4,8 @@ without terms are searched as without; a term that cannot fit within the length 
 the sentence to an unconstrained search, marked; glossaries through the Translator, in fp32,
 bf16 and int8, and what the greedy search and bad glossaries get."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -27,6 +29,8 @@ from transformer_mt.decode.constraints import (
     advanced_state,
     beyond_search,
     round_robin_order,
+    term_candidates,
+    word_end_pieces,
 )
 from transformer_mt.decode.glossary import Glossary, occurrences
 from transformer_mt.decode.search import Ensemble, beam_search, fixed_shape_beam_search
@@ -60,6 +64,7 @@ def test_a_piece_advances_starts_completes_or_drops_a_term():
         met=torch.tensor([[False, False], [False, False]]),
         current=torch.tensor([-1, 0]),
         written=torch.tensor([0, 2]),
+        pending=torch.tensor([-1, -1]),
     )
     origin = torch.tensor([[0, 0, 1, 1, 1]])
     tokens = torch.tensor([[7, 5, 9, 7, 4]])
@@ -69,6 +74,37 @@ def test_a_piece_advances_starts_completes_or_drops_a_term():
     assert after.met.tolist() == [[0, 0], [0, 1], [1, 0], [0, 0], [0, 0]]
     # 7 starts term 0; 5 completes term 1; 9 completes term 0; 7 after [7, 8] starts it anew
     assert banks.tolist() == [[1, 1, 3, 1, 0]]
+
+
+def test_a_term_is_met_where_its_word_ends_and_dropped_where_it_goes_on():
+    """Term [7, 8]; pieces 5 and EOS may end a word, 9 may not. Rows: [7] written; [7, 8]
+    written, pending."""
+    word_ends = torch.zeros(VOCAB, dtype=torch.bool)
+    word_ends[[5, EOS_ID]] = True
+    terms = Terms.of_ids([[[7, 8]]], CPU, word_ends)
+    state = ConstraintState(
+        met=torch.tensor([[False], [False]]),
+        current=torch.tensor([0, -1]),
+        written=torch.tensor([1, 0]),
+        pending=torch.tensor([-1, 0]),
+    )
+    assert state.complete(terms.lengths, 2).tolist() == [False, True]  # EOS may end its word
+    origin = torch.tensor([[0, 1, 1, 1]])
+    tokens = torch.tensor([[8, 5, 9, EOS_ID]])
+    after, banks = advanced_state(state, origin, tokens, terms, beams=2)
+    assert after.pending.tolist() == [0, -1, -1, -1]
+    assert after.met.tolist() == [[False], [True], [False], [True]]
+    assert banks.tolist() == [[2, 2, 0, 2]]  # 9 after the term: its pieces no longer count
+    candidates = term_candidates(
+        torch.zeros(1, 2, VOCAB), torch.zeros(1, 2), state, terms, torch.zeros(1, 2, 0).long()
+    )
+    assert candidates[1].tolist() == [[[8], [7]]] and candidates[0][0, 1, 0] == -torch.inf
+
+
+def test_pieces_that_may_end_a_word_begin_one_or_with_no_letter_or_digit():
+    pieces = ["<pad>", "<unk>", "<s>", "</s>", "▁Land", "wirt", "e", ".", "-", "<0xC3>", "▁"]
+    ends = word_end_pieces(pieces, EOS_ID, 12).tolist()
+    assert ends == [False, False, False, True, True, False, False, True, True, False, True, False]
 
 
 def sources(count: int = 10, seed: int = 0) -> torch.Tensor:
@@ -164,8 +200,11 @@ def test_a_glossary_s_target_terms_are_in_each_translation(
     translator = Translator.for_model(model, tokenizers, decode, CPU)
     sentences = ["the dog sees the red car .", "a cat sleeps .", "dogma ."]
     found = translator.translate_nbest(sentences)
-    assert "Hund" in found[0][0].text and "rotes Auto" in found[0][0].text
-    assert "Katze" in found[1][0].text  # matched up to case
+    assert not any(h.unmet_terms for nbest in found for h in nbest)
+    wanted = [["Hund", "rotes Auto"], ["Katze"]]  # Katze: "cat" matched up to case
+    for nbest, terms in zip(found[:2], wanted, strict=True):
+        for hypothesis in nbest:  # each term whole, never the start of a longer word
+            assert all(re.search(rf"(^| ){term}($|[^\w])", hypothesis.text) for term in terms)
     assert translator.line_terms(["dogma ."]) is None  # not inside a longer word
     assert translator.translate(sentences) == [nbest[0].text for nbest in found]
 

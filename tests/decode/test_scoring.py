@@ -18,6 +18,7 @@ from transformer_mt.data.tokenizer import (
     UNK_ID,
 )
 from transformer_mt.data.toy import toy_pairs
+from transformer_mt.decode import search
 from transformer_mt.decode.scoring import score_pairs
 from transformer_mt.decode.search import Ensemble, beam_search, greedy_search, length_penalty
 from transformer_mt.decode.translator import ModelSearch, Translator
@@ -54,6 +55,17 @@ def test_each_nbest_entry_scores_what_beam_search_gave_it(random_model, members,
         assert len(log_probs) == len(hypothesis.tokens) + 1  # EOS last
         normalised = sum(log_probs) / length_penalty(len(log_probs), alpha)
         assert math.isclose(normalised, hypothesis.score, rel_tol=1e-5, abs_tol=1e-4)
+
+
+def test_scores_computed_a_chunk_of_rows_at_a_time_are_the_whole_batch_s(random_model, monkeypatch):
+    model = Ensemble([random_model(VOCAB, 5, eos_bonus=4.0), random_model(VOCAB, 6)])
+    sources = source_ids(seed=2)
+    targets = source_ids(seed=3)
+    whole = ModelSearch(model, CPU).target_log_probs(sources, targets, AS_SEARCHED)
+    monkeypatch.setattr(search, "SCORE_CHUNK_LOGITS", 3 * 16 * VOCAB)  # 3 rows of 16 positions
+    chunked = ModelSearch(model, CPU).target_log_probs(sources, targets, AS_SEARCHED)
+    for one, other in zip(whole, chunked, strict=True):
+        assert np.allclose(one, other, rtol=1e-5, atol=1e-5)
 
 
 def test_a_greedy_output_scores_its_sum_of_log_probabilities(random_model):

@@ -18,9 +18,15 @@ Dynamic beam allocation (Post & Vilar, NAACL 2018) in the vectorized form of Hu 
   first, each bank's best first (its candidates ranked by score), so that the beam is shared
   among the banks that have candidates, and a bank with fewer takes fewer (Hu et al.'s
   round-robin).
-- Ending. EOS is banned until every term is met; a sentence whose search finds no hypothesis
-  that meets them all within its length limit ends with none (the Translator then translates
-  it without its terms and marks it).
+- Word ends. With `Terms.word_ends` (the Translator gives it), a term's last piece leaves the
+  term pending, not met: the next piece meets it if it may end a word there (it begins a word,
+  '▁', or with a character that is neither a letter nor a digit, or it is EOS), and else drops
+  it, so that a term is never the start of a longer word ("Landwirt" is not met by
+  "Landwirte"), as a source term is never matched inside one (decode/glossary.py). A pending
+  term's pieces count in the bank.
+- Ending. EOS is banned until every term is met (or pending); a sentence whose search finds
+  no hypothesis that meets them all within its length limit ends with none (the Translator
+  then translates it without its terms and marks it).
 
 Every term is at most MAX_TERM_PIECES pieces, a sentence has at most MAX_TERMS terms: a sentence
 beyond them (`beyond_search`) is translated without its terms and marked, like one whose terms
@@ -42,13 +48,17 @@ MAX_TERM_PIECES = 32
 @dataclass(frozen=True)
 class Terms:
     """Each sentence's target terms: pieces (B, M, L) padded with NO_TERM, lengths (B, M) (0:
-    no term in that place)."""
+    no term in that place); word_ends (V,) bool, the pieces that may follow a term's last piece
+    (`word_end_pieces`; None: any piece)."""
 
     pieces: Tensor
     lengths: Tensor
+    word_ends: Tensor | None = None
 
     @classmethod
-    def of_ids(cls, terms: list[list[list[int]]], device: torch.device) -> Terms:
+    def of_ids(
+        cls, terms: list[list[list[int]]], device: torch.device, word_ends: Tensor | None = None
+    ) -> Terms:
         """Terms from each sentence's list of terms, each a list of piece ids (a sentence may
         have none)."""
         most = max(1, max(len(sentence) for sentence in terms))
@@ -59,11 +69,14 @@ class Terms:
             for m, term in enumerate(sentence):
                 pieces[b, m, : len(term)] = torch.tensor(term, dtype=torch.long)
                 lengths[b, m] = len(term)
-        return cls(pieces.to(device), lengths.to(device))
+        ends = None if word_ends is None else word_ends.to(device)
+        return cls(pieces.to(device), lengths.to(device), ends)
 
     def of(self, sentences: Tensor) -> Terms:
         return Terms(
-            self.pieces.index_select(0, sentences), self.lengths.index_select(0, sentences)
+            self.pieces.index_select(0, sentences),
+            self.lengths.index_select(0, sentences),
+            self.word_ends,
         )
 
     @property
@@ -87,6 +100,18 @@ def beyond_search(
     )
 
 
+def word_end_pieces(pieces: list[str], eos_id: int, size: int) -> Tensor:
+    """(size,) bool: the pieces (a vocabulary's, in id order, then up to `size` none) that may
+    follow a term's last piece: EOS, and a piece that begins a word ('▁') or begins with a
+    character that is neither a letter nor a digit. Control and byte pieces ('<0xC3>') may not."""
+    ends = [False] * size
+    for index, piece in enumerate(pieces):
+        special = piece.startswith("<") and piece.endswith(">") and len(piece) > 2
+        ends[index] = bool(piece) and not special and (piece[0] == "▁" or not piece[0].isalnum())
+    ends[eos_id] = True
+    return torch.tensor(ends, dtype=torch.bool)
+
+
 @dataclass(frozen=True)
 class ConstraintState:
     """Each row's progress through its sentence's terms (rows: a sentence's beams together)."""
@@ -94,6 +119,7 @@ class ConstraintState:
     met: Tensor  # (N, M) bool: the terms written whole
     current: Tensor  # (N,) the term in progress, or NO_TERM
     written: Tensor  # (N,) how many of its pieces are written (0 with NO_TERM)
+    pending: Tensor  # (N,) the term written whole whose word must end next, or NO_TERM
 
     @classmethod
     def start(cls, rows: int, terms: int, device: torch.device) -> ConstraintState:
@@ -101,6 +127,7 @@ class ConstraintState:
             torch.zeros((rows, terms), dtype=torch.bool, device=device),
             torch.full((rows,), NO_TERM, dtype=torch.long, device=device),
             torch.zeros((rows,), dtype=torch.long, device=device),
+            torch.full((rows,), NO_TERM, dtype=torch.long, device=device),
         )
 
     def rows(self, index: Tensor) -> ConstraintState:
@@ -108,12 +135,19 @@ class ConstraintState:
             self.met.index_select(0, index),
             self.current.index_select(0, index),
             self.written.index_select(0, index),
+            self.pending.index_select(0, index),
         )
 
+    def met_or_pending(self) -> Tensor:
+        """(N, M) the terms met, and the pending one."""
+        which = torch.arange(self.met.shape[1], device=self.met.device)
+        return self.met | (which == self.pending.unsqueeze(1))
+
     def complete(self, terms: Tensor, rows_per_sentence: int) -> Tensor:
-        """(N,) whether a row has met every term of its sentence (`terms`: Terms.lengths)."""
+        """(N,) whether a row has met every term of its sentence (`terms`: Terms.lengths), the
+        pending one counted: EOS may end its word."""
         wanted = (terms > 0).repeat_interleave(rows_per_sentence, dim=0)  # (N, M)
-        return (self.met | ~wanted).all(dim=1)
+        return (self.met_or_pending() | ~wanted).all(dim=1)
 
 
 def term_candidates(
@@ -127,7 +161,7 @@ def term_candidates(
     batch, beams, _ = log_probs.shape
     pieces, lengths = terms.pieces, terms.lengths  # (B, M, L), (B, M)
     terms_count = pieces.shape[1]
-    met = state.met.view(batch, beams, terms_count)
+    met = state.met_or_pending().view(batch, beams, terms_count)  # nothing to propose
     current = state.current.view(batch, beams)
     written = state.written.view(batch, beams)
     in_progress = current >= 0  # (B, K)
@@ -160,6 +194,11 @@ def advanced_state(
     met = state.met.index_select(0, origin_rows.view(-1)).view(batch, candidates, terms_count)
     current = state.current.index_select(0, origin_rows.view(-1)).view(batch, candidates)
     written = state.written.index_select(0, origin_rows.view(-1)).view(batch, candidates)
+    pending = state.pending.index_select(0, origin_rows.view(-1)).view(batch, candidates)
+    which = torch.arange(terms_count, device=tokens.device)
+    if terms.word_ends is not None:  # the pending term is met where its word ends, else dropped
+        ends_word = terms.word_ends.gather(0, tokens.view(-1)).view(batch, candidates)
+        met = met | ((which == pending.unsqueeze(2)) & ends_word.unsqueeze(2))
     flat = pieces.view(batch, terms_count * longest)
     place = current.clamp(min=0) * longest + written.clamp(max=longest - 1)
     advances = (current >= 0) & (flat.gather(1, place) == tokens)
@@ -173,18 +212,22 @@ def advanced_state(
     term_lengths = lengths.unsqueeze(1).expand(batch, candidates, terms_count)
     length_of_current = term_lengths.gather(2, new_current.clamp(min=0).unsqueeze(2)).squeeze(2)
     finished_term = (new_current >= 0) & (new_written == length_of_current)
-    met = met | (
-        finished_term.unsqueeze(2)
-        & (torch.arange(terms_count, device=tokens.device) == new_current.unsqueeze(2))
-    )
-    new_current = torch.where(finished_term, torch.full_like(new_current, NO_TERM), new_current)
+    no_term = torch.full_like(new_current, NO_TERM)
+    if terms.word_ends is None:
+        met = met | (finished_term.unsqueeze(2) & (which == new_current.unsqueeze(2)))
+        new_pending = no_term
+    else:
+        new_pending = torch.where(finished_term, new_current, no_term)
+    new_current = torch.where(finished_term, no_term, new_current)
     new_written = torch.where(finished_term, torch.zeros_like(new_written), new_written)
-    banks = (met * term_lengths).sum(dim=2) + new_written
+    pending_length = torch.where(finished_term & (new_pending >= 0), length_of_current, 0)
+    banks = (met * term_lengths).sum(dim=2) + new_written + pending_length
     return (
         ConstraintState(
             met.view(batch * candidates, terms_count),
             new_current.view(-1),
             new_written.view(-1),
+            new_pending.view(-1),
         ),
         banks,
     )

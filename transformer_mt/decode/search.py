@@ -205,6 +205,12 @@ def combined_log_probs(logits: list[Tensor]) -> Tensor:
     return torch.logsumexp(torch.stack(log_probs), dim=0) - math.log(len(log_probs))
 
 
+# Logits a member computes at once when scoring given targets (a chunk of rows): 64 MiB of
+# float32, whatever the batch (decode.batch_tokens is 16,384 on CUDA: its logits over
+# a 32,000-piece vocabulary would be 2 GiB a member, and as much again for the log-softmax).
+SCORE_CHUNK_LOGITS = 2**24
+
+
 @torch.no_grad()
 def teacher_forced_log_probs(
     model: Transformer | Ensemble, src: Tensor, targets: Tensor, *, bos_id: int, src_padded: bool
@@ -216,6 +222,20 @@ def teacher_forced_log_probs(
     Summed over a target, it is the log-probability that a search scores that output with, up
     to float rounding (a search computes a step at a time, in batches of other shapes)."""
     ensemble = as_ensemble(model)
+    vocab = ensemble.models[0].embed.num_embeddings
+    rows = max(1, SCORE_CHUNK_LOGITS // (targets.shape[1] * vocab))
+    if targets.shape[0] > rows:  # a chunk of rows at a time: the logits' memory stays bounded
+        chunks = [
+            teacher_forced_log_probs(
+                ensemble,
+                src[start : start + rows],
+                targets[start : start + rows],
+                bos_id=bos_id,
+                src_padded=src_padded,
+            )
+            for start in range(0, targets.shape[0], rows)
+        ]
+        return torch.cat(chunks)
     pad_id = ensemble.pad_id
     bos = torch.full_like(targets[:, :1], bos_id)
     tgt_in = torch.cat([bos, targets[:, :-1]], dim=1)  # PAD after EOS: later positions only

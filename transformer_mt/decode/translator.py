@@ -41,7 +41,7 @@ from transformer_mt.data.clean import normalise, single_line
 from transformer_mt.data.tags import TargetLanguages
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizers
 from transformer_mt.decode.alignment import AttentionMap, word_alignment
-from transformer_mt.decode.constraints import Terms, beyond_search
+from transformer_mt.decode.constraints import Terms, beyond_search, word_end_pieces
 from transformer_mt.decode.glossary import Glossary
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
@@ -161,7 +161,10 @@ class ModelSearch:
         *,
         sampling_seed: int = 1,
         quantize: CpuLinear = CpuLinear.none,
+        target_pieces: list[str] | None = None,
     ):
+        """target_pieces: the target vocabulary's pieces, in id order: a target term then ends
+        a word (constraints.word_end_pieces; None: terms of ids alone, ending anywhere)."""
         int8 = ExecutionPolicy.for_decoding(DecodeConfig(quantize=quantize), device)  # or refused
         members = as_ensemble(model).models
         for member in members:
@@ -175,6 +178,10 @@ class ModelSearch:
         self.max_source_tokens = None  # the model's positions grow to any length
         self.decoder_layers = min(len(member.decoder) for member in self.ensemble.models)
         self.generator = torch.Generator(device=device).manual_seed(sampling_seed)
+        self.word_ends = None
+        if target_pieces is not None:
+            size = self.model.embed.num_embeddings
+            self.word_ends = word_end_pieces(target_pieces, EOS_ID, size).to(device)
 
     def reseed(self, seed: int) -> None:
         """Sample from `seed` afresh. The server does this before each sampling request, so
@@ -224,7 +231,7 @@ class ModelSearch:
             ]
             terms = [[] if i in beyond else t for i, t in enumerate(terms)]
             if any(terms):
-                wanted = Terms.of_ids(terms, self.device)
+                wanted = Terms.of_ids(terms, self.device, self.word_ends)
         with policy.forward():
             members = self.members(policy)
             fixed = policy.fixed_shape_decoding
@@ -414,7 +421,13 @@ class Translator:
     ) -> Translator:
         """A Translator that searches with `model` (or an Ensemble) on `device` (sampling from
         decode.seed; int8 copies of it with decode.quantize=int8)."""
-        backend = ModelSearch(model, device, sampling_seed=decode.seed, quantize=decode.quantize)
+        backend = ModelSearch(
+            model,
+            device,
+            sampling_seed=decode.seed,
+            quantize=decode.quantize,
+            target_pieces=tokenizers.tgt.pieces(range(tokenizers.tgt.vocab_size)),
+        )
         describe_precision(decode.precision, device)
         return cls(
             backend,
