@@ -566,10 +566,11 @@ class Translator:
         """translate_nbest for sentences (and prefixes, and terms) already encoded by `encode`
         (and `encode_targets`, `line_terms`): the server encodes each request once, to bound it
         when it arrives, then to translate it."""
-        layers = [layer for layer in (attention, alignment) if layer is not None]
+        named = {"attention_layer": attention, "alignment_layer": alignment}
+        layers = {key: layer for key, layer in named.items() if layer is not None}
         reader = self.attention_reader() if layers else None  # before the search
-        for layer in layers:
-            self.checked_layer(layer, reader)
+        for key, layer in layers.items():
+            self.checked_layer(layer, reader, key)
         decode, policy = self.prepared(decode)
         nbest = self.searched(ids, decode, policy, prefixes, terms)
         translations = self.nbest_texts(nbest)
