@@ -40,6 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer_mt.decode.alignment import WORD_START
+
 NO_TERM = -1
 MAX_TERMS = 32
 MAX_TERM_PIECES = 32
@@ -107,7 +109,8 @@ def word_end_pieces(pieces: list[str], eos_id: int, size: int) -> Tensor:
     ends = [False] * size
     for index, piece in enumerate(pieces):
         special = piece.startswith("<") and piece.endswith(">") and len(piece) > 2
-        ends[index] = bool(piece) and not special and (piece[0] == "▁" or not piece[0].isalnum())
+        starts_word = piece[:1] == WORD_START or not piece[:1].isalnum()
+        ends[index] = bool(piece) and not special and starts_word
     ends[eos_id] = True
     return torch.tensor(ends, dtype=torch.bool)
 
