@@ -3,10 +3,11 @@ and without them, on Multi30k de→en with a model trained by the README's CPU r
 
     python -m benchmarks.bench_terms --run RUN --data MULTI30K | tee -a benchmarks/terms.txt
 
-The dictionary (from the training data alone): a German word's English counterpart is the
-English word of the highest Dice coefficient, 2 c(d, e) / (c(d) + c(e)), over the training pairs
-(words lowercased, punctuation stripped, counted once a sentence), kept where the coefficient is
-at least --dice and both words occur at least --min-count times.
+The dictionary (from the training data alone): a source word's counterpart is the target word
+of the highest Dice coefficient, 2 c(d, e) / (c(d) + c(e)), over the training pairs (words
+lowercased, punctuation stripped, counted once a sentence), kept where the coefficient is at
+least --dice and both words occur at least --min-count times. The languages: --src and --tgt,
+de and en unless given.
 
 The terms (the stated rule): for each test sentence, the words of its reference of at least
 three letters that the unconstrained translation lacks and that are the dictionary's
@@ -96,6 +97,8 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--run", required=True, help="a de→en run folder (the README's recipe)")
+    parser.add_argument("--src", default="de", help="the run's source language")
+    parser.add_argument("--tgt", default="en", help="the run's target language")
     parser.add_argument("--checkpoint", default="averaged.pt")
     parser.add_argument("--data", type=Path, required=True, help="the Multi30k raw text folder")
     parser.add_argument("--glossary", type=Path, default=Path("/tmp/terms_multi30k.tsv"))
@@ -108,8 +111,10 @@ def main() -> None:
     def read(split: str, lang: str) -> list[str]:
         return (args.data / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
 
-    counterpart = dictionary(read("train", "de"), read("train", "en"), args.dice, args.min_count)
-    sources, references = read("test_2016_flickr", "de"), read("test_2016_flickr", "en")
+    counterpart = dictionary(
+        read("train", args.src), read("train", args.tgt), args.dice, args.min_count
+    )
+    sources, references = read("test_2016_flickr", args.src), read("test_2016_flickr", args.tgt)
     plain = DecodeConfig()
     translator = load_translator(args.run, args.checkpoint, decode=plain, device="cpu")
     outputs = translator.translate(sources)
@@ -121,7 +126,7 @@ def main() -> None:
     per_line = [[target for _, target in pairs] for pairs in terms]
     with_terms = sum(1 for pairs in terms if pairs)
     print(
-        f"# dictionary: {len(counterpart)} German words (Dice >= {args.dice}, >= "
+        f"# dictionary: {len(counterpart)} source words (Dice >= {args.dice}, >= "
         f"{args.min_count} occurrences); terms: {sum(map(len, terms))} in {with_terms} of "
         f"{len(sources)} sentences ({args.glossary})"
     )

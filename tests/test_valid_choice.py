@@ -74,11 +74,12 @@ def test_length_penalty_auto_on_a_real_run_picks_the_best_valid_bleu(run_dir, ca
     job = compose_job("eval", [f"run_dir={run_dir}", "decode.length_penalty=auto", *FAST_EVAL])
     choice = evaluate(job).length_penalty_auto
     assert choice.chosen == max(choice.grid, key=lambda alpha: choice.valid_bleu[str(alpha)])
-    assert len(choice.valid_bleu) == len(valid_choice.LENGTH_PENALTY_GRID)
+    grid = list(valid_choice.LENGTH_PENALTY_GRID)
+    assert choice.grid[: len(grid)] == grid and len(choice.valid_bleu) == len(choice.grid)
     per_alpha = [
         r for r in caplog.records if "valid BLEU" in r.getMessage() and " of " in r.getMessage()
     ]
-    assert len(per_alpha) == len(valid_choice.LENGTH_PENALTY_GRID)  # one line each
+    assert len(per_alpha) == len(choice.grid)  # one line each
 
 
 @pytest.mark.slow
@@ -178,3 +179,40 @@ def test_a_numeric_length_penalty_composes_to_a_float_as_before():
     assert job.decode.length_penalty == 1.0 and isinstance(job.decode.length_penalty, float)
     assert compose_job("eval", ["run_dir=x"]).decode.length_penalty == 0.6
     assert DecodeConfig(length_penalty=2).length_penalty == 2.0
+
+
+def test_length_penalty_auto_tries_beyond_the_grid_while_its_largest_alpha_wins(monkeypatch):
+    grid, beyond = list(valid_choice.LENGTH_PENALTY_GRID), valid_choice.LENGTH_PENALTY_BEYOND
+    # valid BLEU rises with alpha up to the second alpha beyond the grid, then falls
+    scores = [float(i) for i in range(len(grid) + 2)] + [0.5]
+    scores_in_call_order(monkeypatch, scores)
+    tried = []
+    choice = valid_choice.choose_on_valid(
+        "decode.length_penalty",
+        grid,
+        lambda alpha: tried.append(alpha) or ["a hypothesis"],
+        ["a reference"],
+        beyond,
+    )
+    assert tried == choice.grid == [*grid, *beyond[:3]]
+    assert choice.chosen == beyond[1]
+    assert choice.valid_bleu[str(beyond[2])] == 0.5
+
+
+def test_length_penalty_auto_stops_at_the_grid_when_an_inner_alpha_wins_or_ties(monkeypatch):
+    grid, beyond = list(valid_choice.LENGTH_PENALTY_GRID), valid_choice.LENGTH_PENALTY_BEYOND
+    for scores, chosen in (([5.0] * len(grid), grid[0]), ([*range(len(grid) - 1), 0.0], grid[-2])):
+        scores_in_call_order(monkeypatch, [float(s) for s in scores])
+        choice = valid_choice.choose_on_valid(
+            "decode.length_penalty", grid, lambda alpha: ["a hypothesis"], ["a ref"], beyond
+        )
+        assert choice.grid == grid and choice.chosen == chosen
+
+
+def test_length_penalty_auto_ends_after_the_last_alpha_beyond(monkeypatch):
+    grid, beyond = list(valid_choice.LENGTH_PENALTY_GRID), valid_choice.LENGTH_PENALTY_BEYOND
+    scores_in_call_order(monkeypatch, [float(i) for i in range(len(grid) + len(beyond))])
+    choice = valid_choice.choose_on_valid(
+        "decode.length_penalty", grid, lambda alpha: ["a hypothesis"], ["a ref"], beyond
+    )
+    assert choice.grid == [*grid, *beyond] and choice.chosen == beyond[-1]

@@ -22,6 +22,7 @@ from transformer_mt.data.toy import toy_pairs
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
     NO_TOKEN,
+    WORD_NEXT,
     beam_search,
     fixed_shape_beam_search,
     greedy_search,
@@ -133,3 +134,60 @@ def test_a_prefix_of_the_beam_s_own_output_gives_the_same_output(random_model):
     for unprefixed, found in zip(free, prefixed, strict=True):
         assert found[0].tokens == unprefixed[0].tokens
         assert math.isclose(found[0].score, unprefixed[0].score, rel_tol=1e-5, abs_tol=1e-4)
+
+
+def word_next_prefixes(rows: list[list[int]]) -> torch.Tensor:
+    """Each non-empty prefix of `rows` followed by WORD_NEXT (it ended in a space)."""
+    marked = [[*r, WORD_NEXT] if r else r for r in rows]
+    return pad_sequences([np.asarray(r, dtype=np.int64) for r in marked], NO_TOKEN)
+
+
+def next_tokens(found: list, rows: list[list[int]]) -> list[int]:
+    """The token after each prefix (EOS where the output ends there), of prefixed sentences."""
+    return [
+        (h.tokens[len(w)] if len(h.tokens) > len(w) else EOS_ID)
+        for hyps, w in zip(found, rows, strict=True)
+        if w
+        for h in (hyps if isinstance(hyps, list) else [hyps])
+    ]
+
+
+def test_after_a_prefix_that_ends_in_a_space_every_search_begins_a_word(random_model):
+    model = random_model(VOCAB, 6, eos_bonus=4.0)
+    sources, src = batch(16, seed=7)
+    rows, _ = prefixes_of(len(sources), seed=8)
+    starts = torch.zeros(VOCAB, dtype=torch.bool)
+    starts[torch.randperm(VOCAB, generator=torch.Generator().manual_seed(0))[: VOCAB // 8]] = True
+    starts[EOS_ID] = True
+    marked = word_next_prefixes(rows)
+    generator = torch.Generator().manual_seed(0)
+    searches = {
+        "beam": lambda **p: beam_search(model, src, beam_size=3, alpha=0.6, **p, **IDS),
+        "fixed": lambda **p: fixed_shape_beam_search(model, src, beam_size=3, **p, **IDS),
+        "greedy": lambda **p: greedy_search(model, src, **p, **IDS),
+        "sample": lambda **p: sample_search(model, src, generator=generator, **p, **IDS),
+    }
+    for name, search in searches.items():
+        found = search(prefix=marked, word_starts=starts)
+        nbest = [hyps if isinstance(hyps, list) else [hyps] for hyps in found]
+        for hyps, wanted in zip(nbest, rows, strict=True):
+            assert hyps and all(h.tokens[: len(wanted)] == wanted for h in hyps), name
+        assert all(starts[token] for token in next_tokens(found, rows)), name
+    # without the mark the same searches go on with pieces that do not begin a word: the test
+    # can fail
+    _, plain = prefixes_of(len(sources), seed=8)
+    free = next_tokens(searches["greedy"](prefix=plain, word_starts=starts), rows)
+    assert not all(starts[token] for token in free)
+
+
+def test_a_prefix_text_that_ends_in_a_space_ends_its_word(random_model, tokenizers):
+    model = random_model(VOCAB, 7, eos_bonus=4.0)
+    translator = Translator.for_model(model, tokenizers, DecodeConfig(max_len_b=4), CPU)
+    words = ["the dog", "the dog ", "", " "]
+    encoded = translator.encode_prefixes(words)
+    plain = translator.encode_targets(["the dog"])[0]
+    assert encoded == [plain, [*plain, WORD_NEXT], [], []]
+    sources = [src for src, _ in toy_pairs(12, seed=5)]
+    found = translator.translate_nbest(sources, prefixes=["the dog "] * len(sources))
+    for entries in found:
+        assert all(e.text == "the dog" or e.text.startswith("the dog ") for e in entries)

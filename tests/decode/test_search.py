@@ -286,7 +286,8 @@ class ScriptedModel(torch.nn.Module):
 
 
 @pytest.mark.parametrize("beam_size", [1, 2])
-def test_beam_search_does_not_stop_at_short_endings_a_longer_hypothesis_beats(beam_size):
+@pytest.mark.parametrize("nbest", [None, 1])
+def test_beam_search_does_not_stop_at_short_endings_a_longer_hypothesis_beats(beam_size, nbest):
     """SCRIPT gives two short endings, [A] and [B A], that finish first (fairseq's rule, done at
     beam_size finished hypotheses, stops there), while [A A C C C C], whose tokens after A A are
     certain, finishes later with the best normalised score of all sequences."""
@@ -311,10 +312,11 @@ def test_beam_search_does_not_stop_at_short_endings_a_longer_hypothesis_beats(be
         alpha=alpha,
         max_len_a=0.0,
         max_len_b=max_len,
+        nbest=nbest,
     )
     assert hyps[0].tokens == best_tokens
     assert hyps[0].score == pytest.approx(best_score, abs=1e-5)
-    assert len(hyps) == beam_size
+    assert len(hyps) == beam_size or nbest is not None
 
 
 @pytest.mark.parametrize("beam_size", [1, 2])
@@ -357,6 +359,55 @@ def test_the_stopping_rule_on_every_kind_of_sentence():
     for stop_early, column in ((False, 2), (True, 3)):
         done = sentences_done(finished, best_live, largest, stop_early)
         assert done.tolist() == [row[column] for row in sentences]
+
+
+def test_the_stopping_rule_for_a_caller_that_keeps_the_best_nbest():
+    """With nbest < K a sentence is done once its nbest-th best finished hypothesis cannot be
+    beaten: without waiting for K finished ones, and not while a live one could still win."""
+    penalty = length_penalty(12, 0.6)
+    sentences = [  # (finished, best live, done for nbest 1, done for nbest 2)
+        ([-1.0, -torch.inf, -torch.inf], -9.0, True, False),
+        ([-1.0, -2.0, -torch.inf], -9.0, True, True),
+        ([-1.0, -2.0, -torch.inf], -2.0 * penalty - 1.0, True, True),
+        ([-1.0, -2.0, -torch.inf], -1.5 * penalty, True, False),  # could beat the second
+        ([-1.0, -2.0, -3.0], -0.5 * penalty, False, False),  # could beat the first
+    ]
+    finished = torch.tensor([scores for scores, *_ in sentences], dtype=torch.float64)
+    best_live = torch.tensor([best for _, best, *_ in sentences], dtype=torch.float32)
+    largest = torch.full((len(sentences),), penalty, dtype=torch.float64)
+    for nbest, column in ((1, 2), (2, 3)):
+        done = sentences_done(finished, best_live, largest, False, nbest)
+        assert done.tolist() == [row[column] for row in sentences], nbest
+    assert not sentences_done(finished, best_live, largest, False, 3)[:4].any()
+
+
+@pytest.mark.parametrize("fixed_shape", [False, True])
+def test_a_search_for_the_best_nbest_finds_the_full_search_s_first_nbest(random_model, fixed_shape):
+    """The same first nbest hypotheses at the same scores as the search that keeps all K, with
+    no more decoder rows in all (each step's rows summed), and, in a shrinking batch, fewer on
+    these batches: its sentences leave sooner."""
+    model = random_model(vocab=30, seed=5, sharpen=1.0, eos_bonus=2.0)  # falls fast enough
+    rows = []
+    decode = model.decode
+    model.decode = lambda tgt_in, *args: rows.append(len(tgt_in)) or decode(tgt_in, *args)
+    settings = {"beam_size": 4, "bos_id": BOS, "eos_id": EOS, "max_len_b": 12}
+    work = {}
+    for seed in range(4):
+        src = varied_lengths_batch(30, seed)
+        for nbest in (None, 1, 2):
+            rows.clear()
+            found = beam_search(model, src, nbest=nbest, fixed_shape=fixed_shape, **settings)
+            work[seed, nbest] = sum(rows)
+            if nbest is None:
+                everything = found
+                continue
+            for kept, full in zip(found, everything, strict=True):
+                assert [h.tokens for h in kept[:nbest]] == [h.tokens for h in full[:nbest]]
+                for ours, theirs in zip(kept[:nbest], full[:nbest], strict=True):
+                    assert ours.score == pytest.approx(theirs.score, abs=1e-6)
+            assert work[seed, nbest] <= work[seed, None]
+    if not fixed_shape:
+        assert sum(work[seed, 1] for seed in range(4)) < sum(work[seed, None] for seed in range(4))
 
 
 def test_the_unknown_piece_is_never_generated(random_model):

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from transformer_mt.commands.valid_choice import (
+    LENGTH_PENALTY_BEYOND,
     LENGTH_PENALTY_GRID,
     ValidChoice,
     choose_on_valid,
@@ -173,15 +174,18 @@ def evaluate_pair(
 def choose_length_penalty(
     translator: Translator, decode: DecodeConfig, sources: list[str], references: list[str]
 ) -> ValidChoice:
-    """decode.length_penalty=auto: the alpha of LENGTH_PENALTY_GRID whose translations of the
-    valid `sources` have the best BLEU, with `decode`'s other settings."""
+    """decode.length_penalty=auto: the alpha of LENGTH_PENALTY_GRID (then LENGTH_PENALTY_BEYOND
+    while the largest tried wins) whose translations of the valid `sources` have the best BLEU,
+    with `decode`'s other settings."""
 
     def translate(alpha: float) -> list[str]:
         return translator.translate(
             sources, decode=dataclasses.replace(decode, length_penalty=alpha)
         )
 
-    return choose_on_valid("decode.length_penalty", LENGTH_PENALTY_GRID, translate, references)
+    return choose_on_valid(
+        "decode.length_penalty", LENGTH_PENALTY_GRID, translate, references, LENGTH_PENALTY_BEYOND
+    )
 
 
 def pairs_summary(reports: list[EvalReport]) -> str:

@@ -19,6 +19,9 @@ log = logging.getLogger(__name__)
 
 LENGTH_PENALTY_GRID = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.5)
 """decode.length_penalty=auto: the GNMT alphas tried (0.6 is the paper's)."""
+LENGTH_PENALTY_BEYOND = (2.0, 2.5, 3.0, 4.0)
+"""decode.length_penalty=auto: the alphas tried next, in turn, while the largest alpha tried
+is the best so far (a model whose outputs stay short at 1.5 gets a larger one)."""
 AVERAGE_GRID = (1, 2, 3, 5, 8, 13, 20)
 """last=auto: the numbers of newest step checkpoints tried (up to all that are kept, which are
 tried too); 1 is the newest checkpoint alone."""
@@ -63,9 +66,12 @@ def choose_on_valid(
     grid: Sequence,
     translate: Callable[[object], list[str]],
     references: list[str],
+    beyond: Sequence = (),
 ) -> ValidChoice:
     """The candidate of `grid` whose translations of the valid sources (`translate(candidate)`)
-    score best against `references`; one log line per candidate as it is scored."""
+    score best against `references`; one log line per candidate as it is scored. While the
+    last candidate tried is the best so far, the next of `beyond` is tried too (the choice
+    records every candidate tried as its grid)."""
     log.info(
         "%s=auto: trying %s on the first %d valid sentences (sacreBLEU BLEU)",
         setting,
@@ -73,20 +79,29 @@ def choose_on_valid(
         len(references),
     )
     scores: dict[str, float] = {}
-    for done, candidate in enumerate(grid, start=1):
+    tried = list(grid)
+    following = iter(beyond)
+    while len(scores) < len(tried):
+        candidate = tried[len(scores)]
         scores[str(candidate)] = valid_bleu(translate(candidate), references)
         log.info(
             "%s=%s: valid BLEU %.2f (%d of %d)",
             setting,
             candidate,
             scores[str(candidate)],
-            done,
-            len(grid),
+            len(scores),
+            len(tried),
         )
-    chosen = max(grid, key=lambda candidate: scores[str(candidate)])  # the first of equals
+        all_scored = len(scores) == len(tried)
+        if all_scored and max(tried, key=lambda c: scores[str(c)]) == candidate:
+            extension = next(following, None)
+            if extension is not None:
+                log.info("%s=auto: the last one is the best so far: trying %s", setting, extension)
+                tried.append(extension)
+    chosen = max(tried, key=lambda candidate: scores[str(candidate)])  # the first of equals
     log.info("%s=auto: chose %s (valid BLEU %.2f)", setting, chosen, scores[str(chosen)])
     return ValidChoice(
-        grid=list(grid),
+        grid=tried,
         valid_bleu=scores,
         chosen=chosen,
         valid_sentences=len(references),

@@ -53,6 +53,7 @@ def sample_search(
     min_len: int = 0,
     src_padded: bool = True,
     prefix: Tensor | None = None,
+    word_starts: Tensor | None = None,
 ) -> list[Hypothesis]:
     """One sampled translation per sentence, until EOS or the length limit; an Ensemble samples
     from the mean of its members' probabilities."""
@@ -73,4 +74,5 @@ def sample_search(
         min_len=min_len,
         src_padded=src_padded,
         prefix=prefix,
+        word_starts=word_starts,
     )

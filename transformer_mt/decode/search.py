@@ -19,9 +19,12 @@ hypotheses (an EOS among the best beam_size of the 2 * beam_size candidates of a
 one) and is done only when it holds beam_size of them and no live hypothesis can still beat the
 worst: a live hypothesis's log-probability can only fall, so its best normalised score is bounded
 by its score divided by the largest penalty it could still get (at the sentence's length limit
-for alpha >= 0). Or at its length limit. fairseq's and CTranslate2's rule (done at beam_size
-finished hypotheses: `stop_early`) is faster but lets a confident model collect short endings
-before its best hypothesis finishes. With alpha = 0 a beam of one is exactly greedy.
+for alpha >= 0). Or at its length limit. A caller that keeps only the best `nbest` (< beam_size)
+asks for less: done when the nbest-th best finished one cannot be beaten, which gives the same
+best nbest hypotheses, sooner (no hypothesis found later could rank among them). fairseq's and
+CTranslate2's rule (done at beam_size finished hypotheses: `stop_early`) is faster but lets a
+confident model collect short endings before its best hypothesis finishes. With alpha = 0 a beam
+of one is exactly greedy.
 
 Every search runs an `Ensemble`: a single model is the ensemble of one. Members keep their own
 encoder output and KV cache (`Decoders`), pruned and reordered together; the next-token
@@ -52,6 +55,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_mt.decode.alignment import WORD_START
 from transformer_mt.decode.constraints import (
     ConstraintState,
     Terms,
@@ -98,9 +102,23 @@ def max_lengths(
     return torch.maximum(limits, (prefix != NO_TOKEN).sum(dim=1) + 1)
 
 
+WORD_NEXT = -2
+"""In a target prefix (B, P), the place after a prefix text that ends in a space: the token
+there is free, but must begin a word (or be EOS): one of the search's `word_starts`."""
+
+
+def word_start_pieces(pieces: list[str], eos_id: int, size: int) -> Tensor:
+    """(size,) bool: the pieces (a vocabulary's, in id order, then up to `size` none) that
+    begin a word ('▁' first), and EOS: what may follow a prefix that ends in a space."""
+    starts = [piece[:1] == WORD_START for piece in pieces] + [False] * (size - len(pieces))
+    starts[eos_id] = True
+    return torch.tensor(starts, dtype=torch.bool)
+
+
 def forced_tokens(prefix: Tensor | None, step: int, rows: int) -> Tensor | None:
     """The token each row must take at `step` (N = sentences x `rows`: each sentence's rows
-    together), NO_TOKEN where its prefix has ended; None when no prefix reaches `step`."""
+    together), NO_TOKEN where its prefix has ended (WORD_NEXT where a word must begin); None
+    when no prefix reaches `step`."""
     if prefix is None or step >= prefix.shape[1]:
         return None
     return prefix[:, step].repeat_interleave(rows)
@@ -267,6 +285,7 @@ def next_token_log_probs(
     eos_id: int,
     unk_id: int | None = None,
     forced: Tensor | None = None,
+    word_starts: Tensor | None = None,
 ) -> Tensor:
     """Log-probabilities (N, V) of the token after `last` (N, 1), the `step`-th generated one,
     with banned tokens at -inf (not renormalised over the tokens left).
@@ -275,7 +294,8 @@ def next_token_log_probs(
     anything but EOS in rows `at_limit` (N,). The limit wins over min_len. at_limit None: no row
     is at its limit (the searches know it on the host). forced (N,): in the rows where it holds
     a token (a target prefix's: `forced_tokens`), every other token; the forced token keeps its
-    log-probability, so that a prefixed output scores as the same output found unprefixed.
+    log-probability, so that a prefixed output scores as the same output found unprefixed. In
+    the rows where it holds WORD_NEXT, the tokens not in word_starts (V,) (given).
     """
     log_probs = decoders.next_log_probs(last)  # (N, V)
     eos = log_probs[:, eos_id].clone() if at_limit is not None else None
@@ -294,7 +314,11 @@ def next_token_log_probs(
         column = forced.clamp(min=0).unsqueeze(1)  # (N, 1)
         only = torch.full_like(log_probs, -torch.inf)
         only.scatter_(1, column, log_probs.gather(1, column))
-        log_probs = torch.where((forced == NO_TOKEN).unsqueeze(1), log_probs, only)
+        free = log_probs
+        if word_starts is not None:
+            word_next = (forced == WORD_NEXT).unsqueeze(1) & ~word_starts
+            free = log_probs.masked_fill(word_next, -torch.inf)
+        log_probs = torch.where((forced < 0).unsqueeze(1), free, only)
     return log_probs
 
 
@@ -327,12 +351,13 @@ def single_path_search(
     min_len: int = 0,
     src_padded: bool = True,
     prefix: Tensor | None = None,
+    word_starts: Tensor | None = None,
 ) -> list[Hypothesis]:
     """One hypothesis per sentence, one token per step picked by `choose` (greedy: the most
     probable; sampling: a draw); scored by the model's log-probabilities. A row leaves the batch
     at its EOS. src_padded=False: no source is padded (Ensemble.start), in every search.
-    prefix (B, P): each sentence's output begins with these tokens (NO_TOKEN past its end), in
-    every search."""
+    prefix (B, P): each sentence's output begins with these tokens (NO_TOKEN past its end; a
+    WORD_NEXT: the next token begins a word, one of word_starts (V,)), in every search."""
     decoders = as_ensemble(model).start(src, padded=src_padded)
     limits = max_lengths(decoders.src_keep, max_len_a, max_len_b, prefix)  # (N,)
     row_limits = [int(limit) for limit in host_values(limits)[0]]
@@ -352,6 +377,7 @@ def single_path_search(
             eos_id=eos_id,
             unk_id=unk_id,
             forced=forced_tokens(prefix, step, 1),
+            word_starts=word_starts,
         )
         last = choose(log_probs)  # (N,)
         scores = scores + log_probs.gather(1, last[:, None]).squeeze(1)
@@ -388,6 +414,7 @@ def greedy_search(
     min_len: int = 0,
     src_padded: bool = True,
     prefix: Tensor | None = None,
+    word_starts: Tensor | None = None,
 ) -> list[Hypothesis]:
     """The most probable token at each step, until EOS or the length limit."""
     return single_path_search(
@@ -402,6 +429,7 @@ def greedy_search(
         min_len=min_len,
         src_padded=src_padded,
         prefix=prefix,
+        word_starts=word_starts,
     )
 
 
@@ -505,19 +533,24 @@ def kept_finished(finished: Finished, ended_scores: Tensor, ended_tokens: Tensor
 
 
 def sentences_done(
-    finished: Tensor, best_live: Tensor, largest_penalty: Tensor, stop_early: bool
+    finished: Tensor,
+    best_live: Tensor,
+    largest_penalty: Tensor,
+    stop_early: bool,
+    nbest: int | None = None,
 ) -> Tensor:
     """The stopping rule, for every sentence at once: (B,) True where the sentence holds K
     finished hypotheses (finished: (B, K) normalised scores, best first) and, unless stop_early,
-    no live one can beat the worst of them. best_live (B,): the best live hypothesis's
-    log-probability, which can only fall; largest_penalty (B,): the largest length penalty it
-    could still get (the penalty is monotonic in the length: at the next step's length or at the
-    sentence's limit), so its normalised score is at most best_live / largest_penalty."""
-    worst = finished[:, -1]
-    full = worst > -torch.inf
+    no live one can beat the worst of them (given nbest < K: where it holds nbest and no live
+    one can beat the nbest-th best, for a caller that keeps only those). best_live (B,): the
+    best live hypothesis's log-probability, which can only fall; largest_penalty (B,): the
+    largest length penalty it could still get (the penalty is monotonic in the length: at the
+    next step's length or at the sentence's limit), so its normalised score is at most
+    best_live / largest_penalty."""
     if stop_early:
-        return full
-    return full & (worst >= best_live.to(finished.dtype) / largest_penalty)
+        return finished[:, -1] > -torch.inf
+    kept = finished[:, -1] if nbest is None else finished[:, min(nbest, finished.shape[1]) - 1]
+    return (kept > -torch.inf) & (kept >= best_live.to(finished.dtype) / largest_penalty)
 
 
 @dataclass(frozen=True)
@@ -567,6 +600,7 @@ class SearchRule:
     limits: Tensor
     limit_penalties: Tensor
     terms: Terms | None = None  # each sentence's target terms (decode/constraints.py), or none
+    nbest: int | None = None  # the hypotheses the caller keeps (`sentences_done`); None: K
 
     def of(self, sentences: Tensor) -> SearchRule:
         """Sentences `sentences` (n,) alone."""
@@ -613,7 +647,9 @@ def advance(
     done = (
         state.done
         | (step + 1 >= rule.limits)
-        | sentences_done(finished.scores, scores[:, 0], largest_penalty, rule.stop_early)
+        | sentences_done(
+            finished.scores, scores[:, 0], largest_penalty, rule.stop_early, rule.nbest
+        )
     )
     prefixes = state.prefixes.index_select(0, rows)
     prefixes[:, step] = next_token
@@ -736,14 +772,19 @@ def beam_search(
     check_every: int = 4,
     src_padded: bool = True,
     prefix: Tensor | None = None,
+    word_starts: Tensor | None = None,
     terms: Terms | None = None,
+    nbest: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Per sentence, up to beam_size finished hypotheses, best first: `advance` step after
     step until every sentence is done (the module's stopping rule; stop_early: fairseq's).
+    nbest: the caller keeps only the best nbest (None: all): the first nbest are exact, and
+    the search may stop before the rest are (`sentences_done`).
     prefix (B, P): each sentence's hypotheses begin with these tokens (NO_TOKEN past its end;
-    at the steps of a prefix a sentence has one live beam). terms: each sentence's target terms,
-    which every finished hypothesis contains (decode/constraints.py); a sentence whose search
-    finds none that does within its length limit gets an empty list.
+    at the steps of a prefix a sentence has one live beam; WORD_NEXT: a token of word_starts,
+    (V,)). terms: each sentence's target terms, which every finished hypothesis contains
+    (decode/constraints.py); a sentence whose search finds none that does within its length
+    limit gets an empty list.
 
     After each step the host reads which sentences are done (the step's one copy), and their
     rows leave the batch. fixed_shape (for CUDA; the execution policy's decode.batch_shape):
@@ -764,7 +805,7 @@ def beam_search(
     live = LiveSentences(
         ensemble.start(src, max_length=longest if fixed_shape else None, padded=src_padded),
         state,
-        SearchRule(k, eos_id, alpha, stop_early, limits, penalties, terms),
+        SearchRule(k, eos_id, alpha, stop_early, limits, penalties, terms, nbest),
         torch.full((batch * (k if fixed_shape else 1),), bos_id, dtype=torch.long, device=device),
         list(range(batch)),
         prefix,
@@ -782,6 +823,7 @@ def beam_search(
             eos_id=eos_id,
             unk_id=unk_id,
             forced=live.forced(step),
+            word_starts=word_starts,
         )
         if step == 0 and not fixed_shape:
             live.decoders.repeat_beams(k)  # row b becomes rows b * k ... b * k + k - 1

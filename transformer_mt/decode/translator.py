@@ -46,6 +46,7 @@ from transformer_mt.decode.glossary import Glossary
 from transformer_mt.decode.sampling import sample_search
 from transformer_mt.decode.search import (
     NO_TOKEN,
+    WORD_NEXT,
     Ensemble,
     Hypothesis,
     as_ensemble,
@@ -53,6 +54,7 @@ from transformer_mt.decode.search import (
     fixed_shape_beam_search,
     greedy_search,
     teacher_forced_log_probs,
+    word_start_pieces,
 )
 from transformer_mt.errors import ConfigError
 from transformer_mt.execution import ExecutionPolicy, decode_batch_tokens
@@ -80,7 +82,8 @@ class SearchBackend(Protocol):
     ) -> list[list[Hypothesis]]:
         """N-best lists (best first, EOS dropped) for one batch of sources that fit, searched as
         the call's execution policy says (a backend with kernels of its own may pass it over);
-        prefixes: the target pieces each output must begin with ([]: none); terms: each
+        prefixes: the target pieces each output must begin with ([]: none; search.WORD_NEXT
+        last: the next piece begins a word, search.word_start_pieces); terms: each
         source's target terms (pieces), which its outputs must contain (a source whose terms
         no hypothesis meets: searched without them, Hypothesis.unmet_terms). ConfigError from a
         backend that cannot."""
@@ -164,7 +167,9 @@ class ModelSearch:
         target_pieces: list[str] | None = None,
     ):
         """target_pieces: the target vocabulary's pieces, in id order: a target term then ends
-        a word (constraints.word_end_pieces; None: terms of ids alone, ending anywhere)."""
+        a word (constraints.word_end_pieces), and a prefix's WORD_NEXT is a piece that begins
+        one (search.word_start_pieces); None: terms of ids alone, ending anywhere, and any piece
+        after a prefix."""
         int8 = ExecutionPolicy.for_decoding(DecodeConfig(quantize=quantize), device)  # or refused
         members = as_ensemble(model).models
         for member in members:
@@ -178,10 +183,11 @@ class ModelSearch:
         self.max_source_tokens = None  # the model's positions grow to any length
         self.decoder_layers = min(len(member.decoder) for member in self.ensemble.models)
         self.generator = torch.Generator(device=device).manual_seed(sampling_seed)
-        self.word_ends = None
+        self.word_ends = self.word_starts = None
         if target_pieces is not None:
             size = self.model.embed.num_embeddings
             self.word_ends = word_end_pieces(target_pieces, EOS_ID, size).to(device)
+            self.word_starts = word_start_pieces(target_pieces, EOS_ID, size).to(device)
 
     def reseed(self, seed: int) -> None:
         """Sample from `seed` afresh. The server does this before each sampling request, so
@@ -218,6 +224,7 @@ class ModelSearch:
             # sources of one length (decode.source_lengths=equal): attention masks nothing
             "src_padded": len({len(s) for s in sources}) > 1,
             "prefix": prefix,
+            "word_starts": self.word_starts,
         }
         wanted, beyond = None, []
         if terms is not None:
@@ -295,6 +302,7 @@ class ModelSearch:
             "beam_size": decode.beam_size,
             "alpha": decode.length_penalty,
             "stop_early": decode.stop_early,
+            "nbest": decode.nbest,  # the hypotheses kept: the rule need not wait for the rest
             "terms": terms,
             **common,
         }
@@ -507,7 +515,8 @@ class Translator:
         empty line); None: no attention. alignment: likewise, a layer whose cross-attention
         gives each best translation's word alignment (decode/alignment.py; `alignment_layer`
         chooses it). prefixes: per sentence, a text its translations begin with ("": none;
-        normalised as `encode_targets` encodes it), the search going on from it; a score is
+        `encode_prefixes`: one that ends in a space ends its word), the search going on from
+        it; a score is
         the whole output's, as if the search had found it unprefixed. terms: per sentence,
         target terms its translations must contain, with decode.glossary's (`line_terms`)."""
         encoded = self.encode(sentences, decode)
@@ -516,7 +525,7 @@ class Translator:
             decode=decode,
             attention=attention,
             alignment=alignment,
-            prefixes=None if prefixes is None else self.encode_targets(prefixes),
+            prefixes=None if prefixes is None else self.encode_prefixes(prefixes),
             terms=self.line_terms(sentences, decode, terms),
         )
 
@@ -686,6 +695,15 @@ class Translator:
             [normalise(s.strip(), self.unicode_form) for s in sentences]
         )
         return [prefix + piece_ids if piece_ids else piece_ids for piece_ids in ids]
+
+    def encode_prefixes(self, texts: list[str]) -> list[list[int]]:
+        """Target prefixes as the search takes them: as `encode_targets` encodes them, and
+        where one ends in a space (after its text), search.WORD_NEXT: the next piece begins a
+        word, so the prefix's last word is not continued."""
+        return [
+            ids + [WORD_NEXT] if ids and text[-1:].isspace() else ids
+            for text, ids in zip(texts, self.encode_targets(texts), strict=True)
+        ]
 
     def encode_targets(self, texts: list[str]) -> list[list[int]]:
         """Target-side texts (given translations, prefixes) as the model writes them: normalised

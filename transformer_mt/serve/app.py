@@ -210,7 +210,7 @@ def admitted_work(body: bytes, translator: Translator, limits: ServeJob) -> Queu
         raise Refused(422, str(error)) from None
     prefixes = request_prefixes(asked, lines, limits)
     if prefixes is not None:
-        prefixes = translator.encode_targets(prefixes)
+        prefixes = translator.encode_prefixes(prefixes)
     terms = request_terms(asked, lines, decode, translator, limits)
     pieces = sum(len(s) + 1 for s in ids) + sum(map(len, prefixes or []))
     if pieces > limits.max_pending_pieces:

@@ -45,7 +45,7 @@ class QueuedWork:
     targets: list[list[int]] | None = None  # scores of these translations of the lines; None:
     # translate them (Translator.encode_targets)
     alignment_layer: int | None = None  # None: no word alignment asked for
-    prefixes: list[list[int]] | None = None  # each line's target prefix, encoded; None: none
+    prefixes: list[list[int]] | None = None  # each line's prefix (Translator.encode_prefixes)
     terms: list[list[list[int]]] | None = None  # each line's target terms, encoded; None: none
     result: Future = field(default_factory=Future)  # of the rendered answer
 
