@@ -216,3 +216,12 @@ def test_length_penalty_auto_ends_after_the_last_alpha_beyond(monkeypatch):
         "decode.length_penalty", grid, lambda alpha: ["a hypothesis"], ["a ref"], beyond
     )
     assert choice.grid == [*grid, *beyond] and choice.chosen == beyond[-1]
+
+
+def test_a_grid_with_a_repeated_candidate_tries_each_place_once(monkeypatch):
+    scores_in_call_order(monkeypatch, [1.0, 2.0, 3.0])
+    tried = []
+    choice = valid_choice.choose_on_valid(
+        "last", [1, 1, 2], lambda n: tried.append(n) or [str(n)], ["a ref"]
+    )
+    assert tried == [1, 1, 2] and choice.chosen == 2

@@ -701,7 +701,8 @@ class DecodeConfig:
     # Any, not `float | str`: OmegaConf 2.3 has no unions; validate() names the key.
     length_penalty: Any = 0.6
     """GNMT alpha: scores are divided by ((5 + length) / 6) ** alpha. tmt-eval also takes auto:
-    alpha chosen by valid BLEU from commands/valid_choice.py's LENGTH_PENALTY_GRID."""
+    alpha chosen by valid BLEU from commands/valid_choice.py's LENGTH_PENALTY_GRID (and
+    LENGTH_PENALTY_BEYOND while the grid's largest wins)."""
     stop_early: bool = False
     """Beam search: end a sentence as soon as beam_size hypotheses have finished (fairseq's and
     CTranslate2's rule: 25-31% less decoding time on Multi30k, benchmarks/decode.txt; but a

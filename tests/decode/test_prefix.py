@@ -27,6 +27,7 @@ from transformer_mt.decode.search import (
     fixed_shape_beam_search,
     greedy_search,
     length_penalty,
+    max_lengths,
 )
 from transformer_mt.decode.translator import ModelSearch, Translator
 from transformer_mt.execution import ExecutionPolicy
@@ -191,3 +192,9 @@ def test_a_prefix_text_that_ends_in_a_space_ends_its_word(random_model, tokenize
     found = translator.translate_nbest(sources, prefixes=["the dog "] * len(sources))
     for entries in found:
         assert all(e.text == "the dog" or e.text.startswith("the dog ") for e in entries)
+
+
+def test_the_length_limit_counts_a_prefix_s_pieces_not_its_word_mark():
+    keep = torch.ones(1, 2, dtype=torch.bool)  # a source of one piece and EOS: limit 0 * 1 + 1
+    for prefix, limit in (([5, 6, 7], 4), ([5, 6, 7, WORD_NEXT], 4), ([5, NO_TOKEN], 2)):
+        assert max_lengths(keep, 0.0, 1, torch.tensor([prefix])).tolist() == [limit]

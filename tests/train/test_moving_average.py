@@ -77,6 +77,16 @@ def test_every_checkpoint_holds_the_average_and_a_resume_continues_it_bitwise(
     assert moved  # an average, not a copy of the last weights
 
 
+def test_a_resume_with_another_decay_is_refused_by_its_key_unless_forced(tiny_train_job, tmp_path):
+    run = f"run_dir={tmp_path / 'run'}"
+    train(tiny_train_job("trainer.max_steps=2", "trainer.ema_decay=0.9", run, *QUICK))
+    again = ["trainer.max_steps=3", "trainer.ema_decay=0.5", run, *QUICK]
+    with pytest.raises(ConfigError, match="trainer.ema_decay"):
+        train(tiny_train_job(*again))
+    resumed = load_checkpoint(train(tiny_train_job(*again, "trainer.resume=force")))
+    assert resumed["ema_updates"] == 3  # the average goes on, with the new decay
+
+
 def test_decoding_uses_the_average_unless_told_raw_and_validation_scores_it(
     tiny_train_job, tmp_path
 ):

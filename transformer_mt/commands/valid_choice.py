@@ -81,19 +81,20 @@ def choose_on_valid(
     scores: dict[str, float] = {}
     tried = list(grid)
     following = iter(beyond)
-    while len(scores) < len(tried):
-        candidate = tried[len(scores)]
+    done = 0
+    while done < len(tried):
+        candidate = tried[done]
         scores[str(candidate)] = valid_bleu(translate(candidate), references)
+        done += 1
         log.info(
             "%s=%s: valid BLEU %.2f (%d of %d)",
             setting,
             candidate,
             scores[str(candidate)],
-            len(scores),
+            done,
             len(tried),
         )
-        all_scored = len(scores) == len(tried)
-        if all_scored and max(tried, key=lambda c: scores[str(c)]) == candidate:
+        if done == len(tried) and max(tried, key=lambda c: scores[str(c)]) == candidate:
             extension = next(following, None)
             if extension is not None:
                 log.info("%s=auto: the last one is the best so far: trying %s", setting, extension)

@@ -99,7 +99,7 @@ def max_lengths(
     limits = (max_len_a * source_lengths + max_len_b).long()  # (B,)
     if prefix is None:
         return limits
-    return torch.maximum(limits, (prefix != NO_TOKEN).sum(dim=1) + 1)
+    return torch.maximum(limits, (prefix >= 0).sum(dim=1) + 1)  # a WORD_NEXT is not a piece
 
 
 WORD_NEXT = -2

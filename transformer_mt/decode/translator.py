@@ -573,7 +573,7 @@ class Translator:
         terms: list[list[list[int]]] | None = None,
     ) -> list[list[Translation]]:
         """translate_nbest for sentences (and prefixes, and terms) already encoded by `encode`
-        (and `encode_targets`, `line_terms`): the server encodes each request once, to bound it
+        (and `encode_prefixes`, `line_terms`): the server encodes each request once, to bound it
         when it arrives, then to translate it."""
         named = {"attention_layer": attention, "alignment_layer": alignment}
         layers = {key: layer for key, layer in named.items() if layer is not None}
