@@ -8,7 +8,8 @@ about 25 words, a long tail to 250), then times `prepare` (clean + SentencePiece
 binarize, in a child process) and samples the whole process tree's RSS to report its peak. On a
 slice it times the tutorial approach (one process, Python lists, batches padded to their longest
 sentence) against ours. It then prints the padding share of our batches on Multi30k, and the RSS
-of two data-parallel ranks that read the largest store at once.
+of two data-parallel ranks that read the largest store at once. Of the largest corpus it draws
+--samples sampled segmentations (subword regularization) and reports their time and disk.
 """
 
 from __future__ import annotations
@@ -106,11 +107,9 @@ def prepare_in_child(corpus: Path, prepared: Path, vocab: int) -> dict:
     return {"seconds": seconds, "peak_mb": peak, **json.loads(output.strip().splitlines()[-1])}
 
 
-def child_prepare(corpus: str, prepared: str, vocab: str) -> None:
-    """Runs in the measured child process: prepare the corpus, print a JSON summary."""
-    from transformer_mt.data.prepare import prepare
-
-    cfg = DataConfig(
+def bench_data_config(corpus: str, prepared: str, vocab: str, **settings) -> DataConfig:
+    """The generated corpus's data configuration (English into German, local files)."""
+    return DataConfig(
         name="bench",
         source=SourceKind.files,
         dir=corpus,
@@ -118,8 +117,15 @@ def child_prepare(corpus: str, prepared: str, vocab: str) -> None:
         tgt_lang="de",
         vocab_size=int(vocab),
         prepared_dir=prepared,
+        **settings,
     )
-    data = prepare(cfg)
+
+
+def child_prepare(corpus: str, prepared: str, vocab: str) -> None:
+    """Runs in the measured child process: prepare the corpus, print a JSON summary."""
+    from transformer_mt.data.prepare import prepare
+
+    data = prepare(bench_data_config(corpus, prepared, vocab))
     stats = json.loads((data.folder / "stats.json").read_text())
     print(
         json.dumps(
@@ -192,6 +198,36 @@ def rank_reader(folder: str, rank: int, world_size: int, results: dict) -> None:
     results[rank] = {"before": before, "after": memory_mb(), "batches": len(batches)}
 
 
+def sample_in_child(corpus: Path, prepared: Path, vocab: int, samples: int) -> dict:
+    command = [sys.executable, "-m", __spec__.name, "--child-sample"]
+    command += [str(corpus), str(prepared), str(vocab), str(samples)]
+    seconds, peak, output = run_measured(command)
+    return {"seconds": seconds, "peak_mb": peak, **json.loads(output.strip().splitlines()[-1])}
+
+
+def child_sample(corpus: str, prepared: str, vocab: str, samples: str) -> None:
+    """Runs in the measured child process: draw the sampled segmentations of both sides of a
+    prepared corpus (subword regularization at alpha 0.1), print a JSON summary."""
+    from transformer_mt.data.prepare import prepare
+    from transformer_mt.data.subword_sampling import prepare_samples
+
+    cfg = bench_data_config(
+        corpus,
+        prepared,
+        vocab,
+        src_subword_alpha=0.1,
+        tgt_subword_alpha=0.1,
+        subword_samples=int(samples),
+    )
+    data = prepare(cfg)
+    started = time.perf_counter()
+    folder = prepare_samples(cfg, data.folder, data.tokenizers, data.train)
+    seconds = time.perf_counter() - started
+    best = sum(path.stat().st_size for path in data.folder.glob("train.*"))
+    drawn = sum(path.stat().st_size for path in folder.iterdir())
+    print(json.dumps({"draw_seconds": seconds, "best_bytes": best, "samples_bytes": drawn}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -207,10 +243,21 @@ def main() -> None:
     parser.add_argument(
         "--workdir", default=None, help="where corpora are written (default: a temp dir)"
     )
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=4,
+        help="sampled segmentations to draw of the largest corpus (subword regularization; 0: "
+        "none)",
+    )
     parser.add_argument("--child-prepare", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument("--child-sample", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_prepare:
         child_prepare(*args.child_prepare)
+        return
+    if args.child_sample:
+        child_sample(*args.child_sample)
         return
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="bench_data_"))
     print(*report_header("make bench-data: data preparation at WMT scale"), sep="\n")
@@ -235,6 +282,9 @@ def main() -> None:
             f"{result['seconds']:.0f} s; peak RSS {result['peak_mb']:,.0f} MB (process tree); "
             f"{result['train']:,} pairs kept"
         )
+
+    if args.samples:
+        report_sampling(workdir, args.sizes[0], args.vocab, args.samples)
 
     size = args.sizes[-1]
     corpus = workdir / f"corpus_{size}"
@@ -292,6 +342,22 @@ def main() -> None:
             f"+ {after['RssFile']:,} MB "
             "shared file pages (the page cache, one copy for both ranks)"
         )
+
+
+def report_sampling(workdir: Path, size: int, vocab: int, samples: int) -> None:
+    """What subword regularization costs as we do it (samples drawn once, kept on disk) and
+    what drawing them in the loader each epoch instead would (one sample's encoding, every
+    epoch)."""
+    corpus = workdir / f"corpus_{size}"
+    result = sample_in_child(corpus, workdir / f"prepared_{size}", vocab, samples)
+    seconds, mb = result["draw_seconds"], 1e6
+    print(
+        f"subword sampling of {size:,} pairs (both sides, alpha 0.1): {samples} samples drawn in "
+        f"{seconds:.0f} s ({size * samples / seconds:,.0f} pairs/s), "
+        f"{result['samples_bytes'] / mb:,.0f} MB on disk beside the best segmentation's "
+        f"{result['best_bytes'] / mb:,.0f} MB; peak RSS {result['peak_mb']:,.0f} MB; drawn in the "
+        f"loader instead: {seconds / samples:.0f} s of encoding every epoch"
+    )
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ def test_a_log_line_every_log_every_updates_and_no_bar_outside_a_terminal(tiny_o
     assert result.returncode == 0, result.stderr
     line = (
         r"update {} epoch 0 loss=[\d.]+ nll=[\d.]+ ppl=[\d.]+ lr=[\d.e+-]+ gnorm=[\d.]+ "
-        r"tok/s=\d+ elapsed=[\d.]+min$"
+        r"tok/s=\d+ data=[\d.]+% elapsed=[\d.]+min$"
     )
     for step in (2, 4):
         assert re.search(line.format(step), result.stderr, re.MULTILINE), result.stderr

@@ -292,6 +292,17 @@ class DataConfig:
     tag: str | None = None
     """A piece put before each of the main corpus's training sources (as data.corpora.NAME.tag),
     or null: none."""
+    src_subword_alpha: float = 0.0
+    """Subword regularization of the training sources (docs/training.md): each epoch trains on
+    one of data.subword_samples segmentations of each source sampled by SentencePiece with this
+    alpha: of a BPE model, the probability that a merge is skipped (BPE-dropout; Provilkov et
+    al. 2020 use 0.1). 0: the one best segmentation. Valid and test are never sampled."""
+    tgt_subword_alpha: float = 0.0
+    """As data.src_subword_alpha, of the training targets."""
+    subword_samples: int = 4
+    """Sampled segmentations of each training sentence, drawn once into a prepared folder of
+    their own (where data.*_subword_alpha > 0); each epoch picks one for each pair from (trainer
+    seed, epoch)."""
     corpora: dict[str, Any] = field(default_factory=dict)
     """Training corpora beside the main one, by name, each a CorpusConfig's keys
     (docs/several-corpora.md); {}: the main corpus alone. Typed when read (`corpus_settings`):
@@ -344,6 +355,20 @@ class DataConfig:
                 "data.toy_sizes",
                 f"must be three positive sizes [train, valid, test], got {self.toy_sizes}",
             )
+        for side in ("src", "tgt"):
+            alpha = getattr(self, f"{side}_subword_alpha")
+            _require(
+                0.0 <= alpha < 1.0,
+                f"data.{side}_subword_alpha",
+                f"must be in [0, 1) (0: no sampling), got {alpha}",
+            )
+        sampled = self.src_subword_alpha > 0 or self.tgt_subword_alpha > 0
+        _require(
+            self.subword_samples >= (2 if sampled else 1),
+            "data.subword_samples",
+            f"must be >= 2 where a data.*_subword_alpha is above 0 (one sample is one fixed "
+            f"segmentation: no regularization), got {self.subword_samples}",
+        )
         validate_weight_and_tag(self.weight, self.tag, "data")
         for name in self.corpora:
             key = f"data.corpora.{name}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 
@@ -36,7 +37,7 @@ def mix_of(tmp_path: Path, sizes_weights: list[tuple[int, float]]) -> CorpusMix:
     for index, (size, weight) in enumerate(sizes_weights):
         folder = tmp_path / f"corpus{index}"
         tokens.append(stored(folder, size, seed=index))
-        parts.append(MixPart(f"c{index}", StoredSplit(folder, "train"), weight, size))
+        parts.append(MixPart(f"c{index}", (StoredSplit.of(folder, "train"),), weight, size))
     return CorpusMix(parts, tokens)
 
 
@@ -89,11 +90,13 @@ def test_one_corpus_of_weight_one_is_the_corpus_in_order(tmp_path):
 def test_a_batch_reads_each_corpus_from_its_store_with_its_tag_first(tmp_path):
     mix = mix_of(tmp_path, [(50, 1.0), (40, 1.0)])
     tagged = [
-        MixPart(p.name, StoredSplit(p.store.folder, "train", (7,) if i else ()), 1.0, p.size)
+        MixPart(
+            p.name, (dataclasses.replace(p.stores[0], src_prefix=(7,) if i else ()),), 1.0, p.size
+        )
         for i, p in enumerate(mix.parts)
     ]
     dataset = BatchDataset(
-        [part.store for part in tagged],
+        [part.stores[0] for part in tagged],
         [np.array([3, 50, 89])],
         pad_id=PAD_ID,
         bos_id=BOS_ID,
@@ -139,7 +142,7 @@ def test_tags_are_pieces_of_their_own_only_where_they_belong(tmp_path):
     for store in (data.train, data.extra[0].train):  # the stores hold no tags: batches add them
         assert not np.isin(store.src.tokens, list(ids.values())).any()
     mix = CorpusMix.of(data, toy_data(tmp_path, *BT, 'data.tag="<main>"'))
-    assert [p.store.src_prefix for p in mix.parts] == [(ids["<main>"],), (ids["<BT>"],)]
+    assert [p.stores[0].src_prefix for p in mix.parts] == [(ids["<main>"],), (ids["<BT>"],)]
 
 
 def test_adding_a_corpus_or_changing_a_weight_prepares_nothing_again(tmp_path):
@@ -264,7 +267,7 @@ def test_corpora_into_several_languages_put_their_language_tag_first(tmp_path, f
     ids = {tag: processor.piece_to_id(tag) for tag in ("<2de>", "<2en>", "<BT>")}
     assert all(processor.is_control(i) for i in ids.values())
     mix = CorpusMix.of(data, cfg)
-    prefixes = [p.store.src_prefix for p in mix.parts]
+    prefixes = [p.stores[0].src_prefix for p in mix.parts]
     assert prefixes == [(ids["<2de>"],), (ids["<2en>"], ids["<BT>"])]
     # the reversed corpus reads the main files the other way round
     assert np.array_equal(data.extra[0].train.src[0], data.train.tgt[0])

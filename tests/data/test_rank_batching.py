@@ -63,7 +63,9 @@ def tiny_store(tmp_path, n=200):
 def test_resuming_at_batch_k_yields_exactly_the_remaining_batches(tmp_path, workers):
     data = tiny_store(tmp_path)
     batches = token_batches(data.src.lengths, data.tgt.lengths, 120, seed=1, epoch=0)
-    dataset = BatchDataset([StoredSplit(tmp_path, "train")], batches, pad_id=0, bos_id=2, eos_id=3)
+    dataset = BatchDataset(
+        [StoredSplit.of(tmp_path, "train")], batches, pad_id=0, bos_id=2, eos_id=3
+    )
 
     def run(start):
         loader = torch.utils.data.DataLoader(

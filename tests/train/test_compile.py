@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import nn
 from torch._inductor.utils import run_and_get_code
-from toy_runs import trainer_for
+from toy_runs import TINY_TRAIN, trainer_for
 
 from transformer_mt import execution
 from transformer_mt.commands.train import train
@@ -247,28 +247,42 @@ def test_a_cache_planted_in_the_run_folder_runs_nothing(tiny_train_job, tmp_path
     assert counters["fxgraph_cache_hit"] > 0 and counters["fxgraph_cache_miss"] == 0, counters
 
 
-@pytest.mark.slow
-def test_a_damaged_compile_cache_is_one_line_naming_it(tiny_overrides, tmp_path):
-    """The review's damaged cache: every shared library of the user's cache garbled, read by a
-    new process. The cache is written by a new process too: a test process's torch state (left
-    by earlier tests in the same worker) can give its kernels other keys than a new process's,
-    and then the damaged kernels are never read."""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+@pytest.fixture(scope="module")
+def compiled_by_a_new_process(tmp_path_factory) -> tuple[Path, list[str], dict]:
+    """A folder where a new process (tmt-train, one update, trainer.compile=true) wrote its user
+    cache under XDG_CACHE_HOME (xdg/), its command and its environment. Written by a new process:
+    a test process's torch state (left by earlier tests in the same worker) can give its kernels
+    other keys than a new process's, and then a copy's kernels would never be read."""
+    folder = tmp_path_factory.mktemp("compiled")
+    env = {**os.environ, "XDG_CACHE_HOME": str(folder / "xdg")}
     env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # the user's choice: none
-    user_cache = tmp_path / "xdg" / "transformer_mt" / "compile"
     overrides = [
-        *tiny_overrides,
+        *TINY_TRAIN,
         "trainer.compile=true",
         "trainer.valid_every=0",
         "trainer.valid_bleu_sentences=0",
-        f"run_dir={tmp_path / 'run'}",
-        f"data.prepared_dir={tmp_path / 'prepared'}",
+        f"data.prepared_dir={folder / 'prepared'}",
     ]
     command = [str(Path(sys.executable).parent / "tmt-train"), *overrides]
     first = subprocess.run(
-        [*command, "trainer.max_steps=1"], capture_output=True, text=True, timeout=600, env=env
+        [*command, f"run_dir={folder / 'run'}", "trainer.max_steps=1"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert first.returncode == 0, first.stderr[-3000:]
+    return folder, command, env
+
+
+@pytest.mark.slow
+def test_a_damaged_compile_cache_is_one_line_naming_it(compiled_by_a_new_process, tmp_path):
+    """The review's damaged cache: every shared library of the user's cache garbled, read by a
+    new process (a copy of the module's cache, its run folder continued in a copy too)."""
+    written, command, env = compiled_by_a_new_process
+    shutil.copytree(written, tmp_path / "copy")
+    env = {**env, "XDG_CACHE_HOME": str(tmp_path / "copy" / "xdg")}
+    user_cache = tmp_path / "copy" / "xdg" / "transformer_mt" / "compile"
     (in_use,) = user_cache.iterdir()
     libraries = list(in_use.rglob("*.so"))
     assert libraries
@@ -276,8 +290,13 @@ def test_a_damaged_compile_cache_is_one_line_naming_it(tiny_overrides, tmp_path)
         garbled = library.with_name(library.name + ".garbled")
         garbled.write_bytes(os.urandom(256))
         os.replace(garbled, library)
+    run_dir = f"run_dir={tmp_path / 'copy' / 'run'}"
     result = subprocess.run(
-        [*command, "trainer.max_steps=2"], capture_output=True, text=True, timeout=600, env=env
+        [*command, run_dir, "trainer.max_steps=2"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
     )
     assert result.returncode == 2, result.stderr[-3000:]
     (error,) = [line for line in result.stderr.splitlines() if "[ERROR]" in line]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from test_resume import assert_same_tensors
 
@@ -25,11 +26,27 @@ def load(path):
     return torch.load(path, weights_only=True)
 
 
-def test_a_resume_with_two_corpora_is_bitwise_the_uninterrupted_run(tiny_train_job, tmp_path):
-    steps = [f"trainer.max_steps={n}" for n in (26, 11)]
-    straight = load(train(tiny_train_job(*TWO_CORPORA, steps[0], f"run_dir={tmp_path / 'a'}")))
-    train(tiny_train_job(*TWO_CORPORA, steps[1], f"run_dir={tmp_path / 'b'}"))
-    resumed = load(train(tiny_train_job(*TWO_CORPORA, steps[0], f"run_dir={tmp_path / 'b'}")))
+@pytest.mark.parametrize(
+    ("sampling", "updates"),
+    [
+        pytest.param([], (26, 11), id="best segmentations"),
+        # Each epoch reads each pair in one of 3 sampled segmentations (drawn again each epoch),
+        # longer than the best: 25 updates an epoch, so 30 cross into the second.
+        pytest.param(
+            ["data.src_subword_alpha=0.1", "data.tgt_subword_alpha=0.1", "data.subword_samples=3"],
+            (30, 13),
+            id="sampled segmentations",
+        ),
+    ],
+)
+def test_a_resume_with_two_corpora_is_bitwise_the_uninterrupted_run(
+    tiny_train_job, tmp_path, sampling, updates
+):
+    steps = [f"trainer.max_steps={n}" for n in updates]
+    corpora = [*TWO_CORPORA, *sampling]
+    straight = load(train(tiny_train_job(*corpora, steps[0], f"run_dir={tmp_path / 'a'}")))
+    train(tiny_train_job(*corpora, steps[1], f"run_dir={tmp_path / 'b'}"))
+    resumed = load(train(tiny_train_job(*corpora, steps[0], f"run_dir={tmp_path / 'b'}")))
     assert straight["progress"]["epoch"] == resumed["progress"]["epoch"] == 1
     assert_same_tensors(straight["model"], resumed["model"], "model")
     assert_same_tensors(straight["optimizer"], resumed["optimizer"], "optimizer")

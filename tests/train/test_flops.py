@@ -11,7 +11,7 @@ from transformer_mt.data.batching import Batch, pad_sequences
 from transformer_mt.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.model import Transformer
 from transformer_mt.train.flops import Flops, batch_flops, peak_flops, step_flops, update_flops
-from transformer_mt.train.monitor import StepStats, WindowStats
+from transformer_mt.train.monitor import StepStats, ThroughputWindow, WindowStats
 
 
 @pytest.mark.parametrize(
@@ -84,8 +84,8 @@ def test_real_token_flops_leave_padding_out_and_padded_flops_count_it():
     assert summed == flops + alone[0]
 
 
-def test_the_log_line_gives_mfu_on_real_tokens_beside_padded():
-    step = StepStats(
+def an_update() -> StepStats:
+    return StepStats(
         loss=torch.tensor(2.0),
         nll=torch.tensor(1.5),
         lr=1e-3,
@@ -94,7 +94,20 @@ def test_the_log_line_gives_mfu_on_real_tokens_beside_padded():
         padding=0.2,
         flops=Flops(real=4e12, padded=5e12),
     )
+
+
+def test_the_log_line_gives_mfu_on_real_tokens_beside_padded():
+    step = an_update()
     stats = WindowStats.of([step, step], seconds=2.0, peak_flops=1e13)
     assert (stats.mfu, stats.mfu_padded, stats.tflops_per_s) == (0.4, 0.5, 4.0)
     assert " mfu=0.400 mfu_padded=0.500 " in stats.format(step=2, epoch=0, elapsed_seconds=1.0)
     assert {"mfu", "mfu_padded"} <= stats.scalars().keys()
+
+
+def test_the_log_line_gives_the_share_of_time_spent_waiting_for_data():
+    window = ThroughputWindow()
+    window.add(an_update(), waited=0.25)
+    window.add(an_update(), waited=0.25)
+    stats = WindowStats.of(window.updates, seconds=2.0, peak_flops=None, waited=window.waited)
+    assert stats.data_wait == 0.25 and stats.scalars()["data_wait"] == 0.25
+    assert " data=25.0% " in stats.format(step=2, epoch=0, elapsed_seconds=1.0)

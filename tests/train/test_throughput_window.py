@@ -55,9 +55,9 @@ def test_validation_and_checkpoints_do_not_lower_the_throughput_of_their_window(
     windows = []
     window_stats = WindowStats.of
 
-    def recorded(cls, window, seconds, peak_flops):
+    def recorded(cls, window, seconds, peak_flops, waited=0.0):
         windows.append((len(window), seconds))
-        return window_stats(window, seconds, peak_flops)
+        return window_stats(window, seconds, peak_flops, waited)
 
     monkeypatch.setattr(WindowStats, "of", classmethod(recorded))
     train(

@@ -165,9 +165,10 @@ def train_started(
         run.append_history(start_record(start, overrides, ranks, device))
         ranks.barrier()
     else:
-        wait_until_prepared(cfg.data)  # no collective yet: preparing may outlast its timeout
+        # Files polled, no collective yet: preparing may outlast the collectives' timeout.
+        wait_until_prepared(cfg.data)
+        data = prepare_corpora(cfg.data, build=False)  # waits for the other corpora and samples
         ranks.barrier()
-        data = prepare_corpora(cfg.data, build=False)
     first_step, trainer = start.step, None
     try:
         torch.manual_seed(cfg.trainer.seed)  # the same initial parameters on every rank

@@ -42,11 +42,17 @@ def _flatten(ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
     return tokens, lengths
 
 
-def encode_chunk(chunk: tuple[list[str], list[str]]) -> tuple[np.ndarray, ...]:
-    """(src lines, tgt lines) -> src tokens, src lengths, tgt tokens, tgt lengths (flat arrays)."""
+def encode_chunk(chunk: tuple) -> tuple[np.ndarray, ...]:
+    """(src lines, tgt lines[, (src alpha, tgt alpha)]) -> src tokens, src lengths, tgt tokens,
+    tgt lengths (flat arrays); a side's alpha > 0 samples its segmentations (Tokenizer.encode)."""
     assert _worker_tokenizers is not None, "worker started without load_worker_tokenizers"
-    (src, tgt), (src_tokenizer, tgt_tokenizer) = chunk, _worker_tokenizers
-    return (*_flatten(src_tokenizer.encode(src)), *_flatten(tgt_tokenizer.encode(tgt)))
+    src, tgt, *rest = chunk
+    src_alpha, tgt_alpha = rest[0] if rest else (0.0, 0.0)
+    src_tokenizer, tgt_tokenizer = _worker_tokenizers
+    return (
+        *_flatten(src_tokenizer.encode(src, alpha=src_alpha)),
+        *_flatten(tgt_tokenizer.encode(tgt, alpha=tgt_alpha)),
+    )
 
 
 def read_chunks(
@@ -112,7 +118,7 @@ def binarize(
 
 
 def encoded_chunks(
-    chunks: Iterator[tuple[list[str], list[str]]],
+    chunks: Iterator[tuple],
     models: tuple[str, str],
     workers: int,
     worker_setup: Callable[[str, str], None] = load_worker_tokenizers,

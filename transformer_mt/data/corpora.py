@@ -10,7 +10,9 @@ a new tokenizer, and every corpus is encoded again with it.
 A weight is an upsampling factor: an epoch holds each pair of a corpus of weight 2 twice, and a
 random half (another each epoch) of a corpus of weight 0.5. `CorpusMix` draws the epoch's
 examples from (seed, epoch) alone, so a resume continues the same epoch, and a corpus's share of
-an epoch does not move when another corpus is added.
+an epoch does not move when another corpus is added. Where training samples segmentations
+(data.*_subword_alpha), each corpus has several stores, and each example of an epoch is read
+from one of them, drawn from (seed, epoch) too (data/subword_sampling.py).
 """
 
 from __future__ import annotations
@@ -43,10 +45,12 @@ from transformer_mt.data.prepare import (
     read_stats,
     remove_abandoned_builds,
     settings_hash,
+    wait_for_folder,
     write_clean_train,
 )
 from transformer_mt.data.sources import check_training_files, corpus_identity, read_pairs
 from transformer_mt.data.store import ParallelTokens, StoredSplit, check_files
+from transformer_mt.data.subword_sampling import prepare_samples, sampled_sides, segmentations
 from transformer_mt.data.tags import TagScan, check_recorded, tag_keys
 from transformer_mt.data.tokenizer import Tokenizer, Tokenizers
 from transformer_mt.errors import ConfigError, DataError
@@ -55,9 +59,10 @@ log = logging.getLogger(__name__)
 
 
 def prepare_corpora(cfg: DataConfig, *, build: bool = True) -> PreparedData:
-    """The main corpus's prepared folder with every other corpus's, each built first where it is
-    missing (build=False: opened only, as the ranks that rank 0 prepared for do); DataError for
-    a tag that the text holds, ConfigError for one a given tokenizer lacks."""
+    """The main corpus's prepared folder with every other corpus's (and their sampled
+    segmentations, where training samples them), each built first where it is missing
+    (build=False: opened when rank 0 has built it, as the other ranks do); DataError for a tag
+    that the text holds, ConfigError for one a given tokenizer lacks."""
     if build:  # refused before anything is prepared
         for name in cfg.corpora:
             check_training_files(cfg.corpus(name))
@@ -72,9 +77,12 @@ def prepare_corpora(cfg: DataConfig, *, build: bool = True) -> PreparedData:
         elif build:
             build_extra(cfg, name, folder, main.tokenizers)
         else:
-            raise DataError(f"{folder}: prepared data not found")
+            wait_for_folder(folder)
         extra.append(open_extra(name, folder, main.tokenizers))
     check_recorded(tag_keys(cfg), tag_records(cfg, [main.folder, *(e.folder for e in extra)]))
+    if sampled_sides(cfg):
+        for folder, train in [(main.folder, main.train), *((e.folder, e.train) for e in extra)]:
+            prepare_samples(cfg, folder, main.tokenizers, train, build=build)
     return dataclasses.replace(main, extra=tuple(extra))
 
 
@@ -173,67 +181,90 @@ def raw_pairs(cfg: DataConfig, split: str, count: int | None = None) -> tuple[li
 
 @dataclass(frozen=True)
 class MixPart:
-    """One corpus in the mix: its store (with the ids put before each source: its target
-    language's tag, where the corpora have several, then its own tag), its weight."""
+    """One corpus in the mix: its stores (its training split's segmentation, or each of its
+    sampled ones: data/subword_sampling.py), each with the ids put before each source (its
+    target language's tag, where the corpora have several, then its own tag); its weight; its
+    pairs."""
 
     name: str
-    store: StoredSplit
+    stores: tuple[StoredSplit, ...]
     weight: float
     size: int
 
 
 class CorpusMix:
-    """The training corpora as one set of examples: pair i of part c is example offsets[c] + i.
-    Each epoch's examples (`epoch_examples`) hold each part's pairs as its weight says; the
-    batches are cut from them as from one corpus (data/batching.epoch_batches)."""
+    """The training corpora as one set of examples: pair i of store s (of every part's stores in
+    order) is example offsets[s] + i. Each epoch's examples (`epoch_examples`) hold each part's
+    pairs as its weight says, each from one of the part's stores; the batches are cut from them
+    as from one corpus (data/batching.epoch_batches)."""
 
     def __init__(self, parts: list[MixPart], tokens: list[ParallelTokens]):
+        """tokens: each store's pairs, in the order of `stores`."""
         self.parts = parts
-        self.offsets = np.cumsum([0, *(part.size for part in parts)])
-        prefixes = [len(part.store.src_prefix) for part in parts]
+        counts = [len(part.stores) for part in parts]
+        self.offsets = np.cumsum([0, *(part.size for part in parts for _ in part.stores)])
+        self.first_store = np.cumsum([0, *counts])[:-1]
+        self.store_part = np.repeat(np.arange(len(parts)), counts)
+        stores = self.stores
         self.src_lengths = np.concatenate(
-            [data.src.lengths + extra for data, extra in zip(tokens, prefixes, strict=True)]
+            [
+                data.src.lengths + len(store.src_prefix)
+                for data, store in zip(tokens, stores, strict=True)
+            ]
         )
         self.tgt_lengths = np.concatenate([data.tgt.lengths for data in tokens])
 
     @classmethod
     def of(cls, data: PreparedData, cfg: DataConfig) -> CorpusMix:
-        """The main corpus (data.*) first, then data.corpora in their order."""
+        """The main corpus (data.*) first, then data.corpora in their order; each corpus's
+        sampled segmentations where data.*_subword_alpha asks for them (prepare_corpora drew
+        them)."""
         source = data.tokenizers.src.processor
         languages = cfg.language_tags
         named = [(cfg.name, data.folder, data.train, cfg)]
         named += [(e.name, e.folder, e.train, cfg.corpus(e.name)) for e in data.extra]
-        parts = []
+        parts, tokens = [], []
         for name, folder, train, corpus in named:
             tags = [languages.get(corpus.tgt_lang), corpus.tag]
             prefix = tuple(source.piece_to_id(tag) for tag in tags if tag is not None)
-            parts.append(
-                MixPart(name, StoredSplit(folder, "train", prefix), corpus.weight, len(train))
-            )
-        return cls(parts, [train for _, _, train, _ in named])
+            stores = segmentations(cfg, folder, prefix)
+            parts.append(MixPart(name, stores, corpus.weight, len(train)))
+            if not sampled_sides(cfg):
+                tokens.append(train)
+            else:
+                tokens += [ParallelTokens.load_sides(store.src, store.tgt) for store in stores]
+        return cls(parts, tokens)
 
     @property
     def stores(self) -> list[StoredSplit]:
-        return [part.store for part in self.parts]
+        return [store for part in self.parts for store in part.stores]
 
     def epoch_examples(self, seed: int, epoch: int) -> np.ndarray:
         """The examples of an epoch (int64, in corpus order; the batches shuffle them): each
         part's pairs int(weight) times, and a random share of them (weight's fraction, drawn
-        without repeats from (seed, epoch, part)). One corpus of weight 1: 0, 1, ..., N - 1."""
+        without repeats from (seed, epoch, part)); each from one of the part's stores, drawn from
+        (seed, epoch, part) where it has several. One corpus of weight 1 and one store: 0, 1,
+        ..., N - 1."""
         examples = []
-        for index, (part, start) in enumerate(zip(self.parts, self.offsets, strict=False)):
+        for index, part in enumerate(self.parts):
             whole, fraction = divmod(part.weight, 1.0)
-            examples.append(np.tile(np.arange(start, start + part.size), int(whole)))
+            pairs = [np.tile(np.arange(part.size), int(whole))]
             drawn = round(fraction * part.size)
             if drawn:
                 rng = np.random.default_rng([seed, epoch, index, 1])
-                examples.append(start + np.sort(rng.choice(part.size, drawn, replace=False)))
+                pairs.append(np.sort(rng.choice(part.size, drawn, replace=False)))
+            chosen = np.concatenate(pairs)
+            store = self.first_store[index]
+            if len(part.stores) > 1:
+                rng = np.random.default_rng([seed, epoch, index, 2])
+                store = store + rng.integers(len(part.stores), size=len(chosen))
+            examples.append(self.offsets[store] + chosen)
         return np.concatenate(examples).astype(np.int64)
 
     def counts(self, examples: np.ndarray) -> dict[str, dict[str, int]]:
         """Per corpus: the pairs, source tokens (its tag counted) and target tokens in
         `examples`."""
-        part = np.searchsorted(self.offsets, examples, side="right") - 1
+        part = self.store_part[np.searchsorted(self.offsets, examples, side="right") - 1]
         sizes = len(self.parts)
         pairs = np.bincount(part, minlength=sizes)
         src = np.bincount(part, weights=self.src_lengths[examples], minlength=sizes)

@@ -59,6 +59,9 @@ BUILD_MARK, LOCK_SUFFIX = ".tmp-", ".lock"
 """A build's temporary folder is `.NAME.tmp-HOST-PID-RANDOM`, its lock file that name + .lock."""
 
 
+SAMPLING_KEYS = ("src_subword_alpha", "tgt_subword_alpha", "subword_samples")
+"""The data.* keys of subword regularization, which train from a folder of their own."""
+
 VALID_TEXT = ("valid.text.src", "valid.text.tgt")
 """The valid split as read, one sentence a line: what validation BLEU translates and scores."""
 
@@ -117,11 +120,11 @@ def fingerprint(cfg: DataConfig) -> str:
 def corpus_settings(cfg: DataConfig, splits: tuple[str, ...] = ("train", "valid")) -> dict:
     """What identifies a corpus's `splits` as read and cleaned: its content (source_version),
     the settings that read and clean it, this format's version; not names, places, speed knobs,
-    weights or tags."""
+    weights, tags or the sampling of segmentations (whose folder is its own: subword_sampling)."""
     settings = asdict(cfg)
     for key in ("name", "prepared_dir", "num_workers", "test_split", "hf_path", "dir"):
         settings.pop(key)  # names, places and speed knobs; source_version identifies the corpus
-    for key in ("weight", "tag", "corpora"):
+    for key in ("weight", "tag", "corpora", *SAMPLING_KEYS):
         settings.pop(key)
     settings.update(format=FORMAT_VERSION, source_version=source_version(cfg, splits))
     return settings
@@ -166,21 +169,24 @@ def prepared_folder(cfg: DataConfig) -> Path:
     return Path(cfg.prepared_dir) / f"{cfg.name}-{fingerprint(cfg)}"
 
 
-def wait_until_prepared(cfg: DataConfig, *, poll_seconds: float = 2.0) -> None:
-    """Block until another process (rank 0) has finished preparing `cfg`'s corpus, however long
-    that takes (downloading and preparing WMT takes tens of minutes): a polled file, not a
-    collective, so no process-group timeout applies. A rank 0 that fails ends the job instead
-    (torchrun stops the other ranks)."""
-    ready = prepared_folder(cfg) / STATS_FILE
+def wait_until_prepared(cfg: DataConfig) -> None:
+    """Block until another process (rank 0) has finished preparing `cfg`'s main corpus."""
+    wait_for_folder(prepared_folder(cfg))
+
+
+def wait_for_folder(folder: Path, *, poll_seconds: float = 2.0) -> None:
+    """Block until another process (rank 0) has finished building `folder` (a prepared corpus,
+    or its sampled segmentations), however long that takes (downloading and preparing WMT takes
+    tens of minutes): a polled file, not a collective, so no process-group timeout applies. A
+    rank 0 that fails ends the job instead (torchrun stops the other ranks)."""
+    ready = folder / STATS_FILE
     started = time.monotonic()
     next_report = 600.0
     while not ready.is_file():
         time.sleep(poll_seconds)
         waited = time.monotonic() - started
         if waited >= next_report:
-            log.warning(
-                "still waiting for rank 0 to prepare %s (%.0f min)", ready.parent, waited / 60
-            )
+            log.warning("still waiting for rank 0 to prepare %s (%.0f min)", folder, waited / 60)
             next_report += 600.0
 
 

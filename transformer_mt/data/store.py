@@ -174,25 +174,39 @@ class ParallelTokens:
         cls, folder: Path, split: str, vocab_sizes: tuple[int, int] | None = None
     ) -> ParallelTokens:
         """The split's two arrays; vocab_sizes (source, target): ids must be below them."""
+        return cls.load_sides(folder / f"{split}.src", folder / f"{split}.tgt", vocab_sizes)
+
+    @classmethod
+    def load_sides(
+        cls, src_prefix: Path, tgt_prefix: Path, vocab_sizes: tuple[int, int] | None = None
+    ) -> ParallelTokens:
+        """Two stored arrays (by file prefix, `{folder}/{split}.src`) as one split's sides; a
+        DataError when their sentence counts differ."""
         src_vocab, tgt_vocab = vocab_sizes or (None, None)
-        src, tgt = (
-            TokenArray.load(folder / f"{split}.src", vocab_size=src_vocab),
-            TokenArray.load(folder / f"{split}.tgt", vocab_size=tgt_vocab),
-        )
+        src = TokenArray.load(src_prefix, vocab_size=src_vocab)
+        tgt = TokenArray.load(tgt_prefix, vocab_size=tgt_vocab)
         if len(src) != len(tgt):
             raise DataError(
-                f"{folder}: {split} has {len(src)} source and {len(tgt)} target sentences"
+                f"{src_prefix} has {len(src)} sentences, but its target side {tgt_prefix} "
+                f"has {len(tgt)}"
             )
         return cls(src, tgt)
 
 
 @dataclass(frozen=True)
 class StoredSplit:
-    """Where a split's tokens lie, and the ids put before each of its sources (a corpus's tag)."""
+    """Where a training corpus's pairs lie: its source and target stores (file prefixes, as
+    `{folder}/{split}.src`; a sampled segmentation's may lie in another folder than the other
+    side's), and the ids put before each of its sources (a corpus's tag)."""
 
-    folder: Path
-    split: str
+    src: Path
+    tgt: Path
     src_prefix: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, folder: Path, split: str, src_prefix: tuple[int, ...] = ()) -> StoredSplit:
+        """A split of a prepared folder."""
+        return cls(folder / f"{split}.src", folder / f"{split}.tgt", src_prefix)
 
 
 class PrefixedTokens:
@@ -212,7 +226,7 @@ class MixedTokens:
     `tgt` as ParallelTokens has, for `collate`."""
 
     def __init__(self, stores: list[StoredSplit]):
-        parts = [ParallelTokens.load(store.folder, store.split) for store in stores]
+        parts = [ParallelTokens.load_sides(store.src, store.tgt) for store in stores]
         self.offsets = np.cumsum([0, *(len(part) for part in parts)])
         prefixed = zip(parts, stores, strict=True)
         self.src = MixedSide(

@@ -45,8 +45,16 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.processor.get_piece_size()
 
-    def encode(self, sentences: list[str]) -> list[list[int]]:
-        return self.processor.encode(sentences, out_type=int)
+    def encode(self, sentences: list[str], *, alpha: float = 0.0) -> list[list[int]]:
+        """Each sentence's best segmentation; with alpha > 0, a sampled one (subword
+        regularization, SentencePiece's enable_sampling): of a BPE model, each merge skipped with
+        probability alpha (BPE-dropout); of a unigram model, drawn from its lattice smoothed by
+        alpha."""
+        if alpha <= 0.0:
+            return self.processor.encode(sentences, out_type=int)
+        return self.processor.encode(
+            sentences, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=-1
+        )
 
     def decode(self, ids: list[list[int]]) -> list[str]:
         return self.processor.decode(ids)

@@ -28,10 +28,12 @@ class TrainingMetrics:
         self.peak_flops = peak_flops(name) if name else None
         self.compile_watch = CompileWatch() if compiled else None
 
-    def window(self, updates: list[StepStats], seconds: float, progress: Progress) -> WindowStats:
+    def window(
+        self, updates: list[StepStats], seconds: float, progress: Progress, waited: float = 0.0
+    ) -> WindowStats:
         """Report the updates since the last log (a host sync), with the non-finite updates so
-        far."""
-        stats = WindowStats.of(updates, seconds, self.peak_flops)
+        far; waited: the seconds of it spent waiting for the data."""
+        stats = WindowStats.of(updates, seconds, self.peak_flops, waited)
         counts = progress.counts
         scalars = {**stats.scalars(), "skipped_updates": counts.skipped_updates}
         if self.device.type == "cuda":

@@ -61,12 +61,20 @@ class WindowStats:
     tokens_per_s: float  # all ranks
     tflops_per_s: float  # this rank's, on real tokens
     padding: float
+    data_wait: float = 0.0  # share of the window's time spent waiting for the next batches
     mfu: float | None = None
     mfu_padded: float | None = None
 
     @classmethod
-    def of(cls, window: list[StepStats], seconds: float, peak_flops: float | None) -> WindowStats:
-        """Reads device values: a host sync."""
+    def of(
+        cls,
+        window: list[StepStats],
+        seconds: float,
+        peak_flops: float | None,
+        waited: float = 0.0,
+    ) -> WindowStats:
+        """Reads device values: a host sync. waited: the seconds of the window spent waiting for
+        the data loader."""
         tokens = sum(s.tokens for s in window)
         flops = sum((s.flops for s in window), Flops())
         flops_per_s, padded_per_s = (f / max(seconds, 1e-9) for f in (flops.real, flops.padded))
@@ -78,6 +86,7 @@ class WindowStats:
             tokens_per_s=tokens / max(seconds, 1e-9),
             tflops_per_s=flops_per_s / 1e12,
             padding=sum(s.padding for s in window) / len(window),
+            data_wait=waited / max(seconds, 1e-9),
             mfu=flops_per_s / peak_flops if peak_flops else None,
             mfu_padded=padded_per_s / peak_flops if peak_flops else None,
         )
@@ -97,7 +106,8 @@ class WindowStats:
         return (
             f"update {step} epoch {epoch} loss={self.loss:.3f} nll={self.nll:.3f} "
             f"ppl={self.ppl:.2f} lr={self.lr:.3e} gnorm={self.grad_norm:.3f} "
-            f"tok/s={self.tokens_per_s:.0f}{mfu} elapsed={elapsed_seconds / 60:.1f}min"
+            f"tok/s={self.tokens_per_s:.0f}{mfu} data={self.data_wait:.1%} "
+            f"elapsed={elapsed_seconds / 60:.1f}min"
         )
 
     def bar_postfix(self) -> dict[str, str]:
@@ -117,9 +127,11 @@ class ThroughputWindow:
     def __init__(self) -> None:
         self.updates: list[StepStats] = []
         self.start = time.perf_counter()
+        self.waited = 0.0  # seconds spent waiting for the data loader's next batches
 
-    def add(self, stats: StepStats) -> None:
+    def add(self, stats: StepStats, waited: float = 0.0) -> None:
         self.updates.append(stats)
+        self.waited += waited
 
     def seconds(self) -> float:
         return time.perf_counter() - self.start

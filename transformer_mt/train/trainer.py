@@ -319,7 +319,8 @@ class Trainer:
                 if update is None:  # the last epoch's end: the rules name it
                     stop.data_ended = True
                     continue
-                window.add(self.train_step(*update))
+                waited = time.perf_counter() - started
+                window.add(self.train_step(*update), waited)
                 self.count_time(time.perf_counter() - started, first)
                 first = False
                 bar.update(1)
@@ -385,7 +386,9 @@ class Trainer:
         read its non-finite gradients; returns the next window."""
         self.read_nonfinite()
         if self.metrics is not None:
-            stats = self.metrics.window(window.updates, window.seconds(), self.progress)
+            stats = self.metrics.window(
+                window.updates, window.seconds(), self.progress, window.waited
+            )
             shown = stats.bar_postfix()
             left = self.stop_rules.minutes_left(self.counts.train_seconds)
             if left is not None:  # the bar's total counts updates, not the time budget
